@@ -1,0 +1,165 @@
+"""The runners under test. Each one is started (timed as start-up: session or
+cluster creation), runs any number of workloads, and is stopped.
+
+Runners:
+
+* ``pyspark-handwritten`` -- the computation written as PySpark RDD code.
+* ``sparkbeam`` -- this project's ``sparkbeam.SparkRunner`` on ``local[2]``.
+* ``fnapi`` -- Beam's FnApiRunner, in process, one worker.
+* ``fnapi-mp`` -- FnApiRunner with two SDK worker subprocesses.
+* ``dask`` -- Beam's DaskRunner on a 2-worker ``LocalCluster``.
+* ``beam-pyspark-runner`` -- the 0.0.3 release from PyPI on ``local[2]``.
+
+Every Spark-based runner gets the same ``local[2]`` session settings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from bench import pipelines
+from bench.workloads import Dataset
+
+SPARK_MASTER = "local[2]"
+#: Settings shared by every runner that runs on a local Spark session.
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "2g",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def spark_session(app: str) -> Any:
+    """Creates (or returns) the process's ``local[2]`` SparkSession."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(SPARK_MASTER).appName(app)
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+class Runner:
+    """A started runner. ``run`` executes one workload; ``stop`` shuts down."""
+
+    name = ""
+
+    def run(self, ds: Dataset, out_prefix: str) -> str:
+        """Runs the workload, writing under ``out_prefix``; returns the output glob."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Releases the session/cluster (not part of the timed wall time)."""
+
+
+class BeamRunner(Runner):
+    """Runs the Beam pipeline with a runner object and/or option flags."""
+
+    def __init__(self, runner_factory: Callable[[], Any] | None, flags: list[str]) -> None:
+        self._runner_factory = runner_factory
+        self._flags = flags
+
+    def run(self, ds: Dataset, out_prefix: str) -> str:
+        options = PipelineOptions(self._flags)
+        runner = self._runner_factory() if self._runner_factory else None
+        p = beam.Pipeline(runner=runner, options=options)
+        pipelines.build(p, ds, out_prefix)
+        result = p.run()
+        state = result.wait_until_finish()
+        if state is not None and str(state) not in ("DONE", "PipelineState.DONE"):
+            raise RuntimeError(f"pipeline finished in state {state}")
+        return out_prefix + "*"
+
+
+class SparkBeamRunner(BeamRunner):
+    """``--runner=sparkbeam.SparkRunner``; the session is created up front so
+    that JVM start-up is timed as start-up (the runner should pick it up with
+    ``SparkSession.builder.getOrCreate()``)."""
+
+    def __init__(self) -> None:
+        self._spark = spark_session("bench-sparkbeam")
+        super().__init__(None, ["--runner=sparkbeam.SparkRunner", f"--spark_master={SPARK_MASTER}"])
+
+    def stop(self) -> None:
+        self._spark.stop()
+
+
+class FnApi(BeamRunner):
+    """Beam's FnApiRunner (in process, or with worker subprocesses)."""
+
+    def __init__(self, flags: list[str]) -> None:
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        super().__init__(FnApiRunner, flags)
+
+
+class Dask(BeamRunner):
+    """Beam's DaskRunner on ``LocalCluster(n_workers=2, threads_per_worker=1)``."""
+
+    def __init__(self) -> None:
+        from apache_beam.runners.dask.dask_runner import DaskRunner
+        from dask.distributed import LocalCluster
+
+        self._cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+        super().__init__(DaskRunner, [f"--dask_client_address={self._cluster.scheduler_address}"])
+
+    def stop(self) -> None:
+        self._cluster.close()
+
+
+class BeamPySparkRunner(BeamRunner):
+    """``beam_pyspark_runner.pyspark_runner.PySparkRunner`` (PyPI 0.0.3).
+
+    It takes no master option: it calls ``SparkSession.builder.appName(...)
+    .getOrCreate()``, so it runs on the ``local[2]`` session created here.
+    """
+
+    def __init__(self) -> None:
+        from beam_pyspark_runner.pyspark_runner import PySparkRunner
+
+        self._spark = spark_session("bench-beam-pyspark-runner")
+        super().__init__(PySparkRunner, ["--application_name=bench-beam-pyspark-runner"])
+
+    def stop(self) -> None:
+        self._spark.stop()
+
+
+class Handwritten(Runner):
+    """The workload as hand-written PySpark RDD code."""
+
+    def __init__(self) -> None:
+        self._spark = spark_session("bench-handwritten")
+
+    def run(self, ds: Dataset, out_prefix: str) -> str:
+        from bench import handwritten
+
+        handwritten.run(self._spark.sparkContext, ds, out_prefix)
+        return os.path.join(out_prefix, "part-*")
+
+    def stop(self) -> None:
+        self._spark.stop()
+
+
+#: Runner name -> constructor; constructing a runner is its (timed) start-up.
+RUNNERS: dict[str, Callable[[], Runner]] = {
+    "pyspark-handwritten": Handwritten,
+    "sparkbeam": SparkBeamRunner,
+    "fnapi": lambda: FnApi([]),
+    "fnapi-mp": lambda: FnApi(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]),
+    "dask": Dask,
+    "beam-pyspark-runner": BeamPySparkRunner,
+}
+
+#: Reference runners that ratios are computed against.
+LIMIT = "pyspark-handwritten"
+FNAPI = "fnapi"

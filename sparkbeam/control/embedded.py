@@ -1,0 +1,245 @@
+"""The embedded worker: Beam's BundleProcessor driven in-process, inside a Spark Python worker.
+
+No sockets: the data plane is `EmbeddedChannel` (inputs pulled from the task's iterator, outputs
+collected element by element, already split, so the runner never decodes just to find element
+boundaries) and the state plane is `TaskStateHandler` (side inputs shipped with the task, user
+state kept per task and dropped once a key is finished).
+
+Bundle processors are cached per descriptor in the worker process (Spark reuses Python workers),
+so a descriptor is parsed and its DoFns are set up once per process, not once per bundle.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import hashlib
+import itertools
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from apache_beam.portability.api import beam_fn_api_pb2, metrics_pb2
+from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker
+from apache_beam.runners.worker.statecache import StateCache
+
+_LOG = logging.getLogger(__name__)
+
+# Runner capabilities we declare to the SDK (the same set FnApiRunner declares).
+CAPABILITIES = worker_handlers.FNAPI_RUNNER_CAPABILITIES
+
+_SIDE_INPUT_KINDS = frozenset(
+    ["iterable_side_input", "multimap_side_input", "multimap_keys_side_input",
+     "multimap_keys_values_side_input"]
+)
+
+
+class ElementStream(data_plane.ClosableOutputStream):
+    """An output stream that hands over each element's bytes as soon as it is written.
+
+    The SDK's DataOutputOperation encodes one element (nested context) then calls maybe_flush,
+    so every flush here is exactly one element.
+    """
+
+    def __init__(self, sink: list[tuple[str, bytes]], transform_id: str) -> None:
+        super().__init__()
+        self._sink = sink
+        self._transform_id = transform_id
+
+    def maybe_flush(self) -> None:
+        if self.size():
+            self._sink.append((self._transform_id, self.get()))
+            self._clear()
+
+    def close(self) -> None:
+        self.maybe_flush()
+
+
+class EmbeddedChannel(data_plane.DataChannel):
+    """The data plane between a task and its bundle processor, one bundle at a time."""
+
+    def __init__(self) -> None:
+        self._inputs: Iterable[Any] = ()
+        self.outputs: list[tuple[str, bytes]] = []
+        self.timers: dict[tuple[str, str], list[bytes]] = collections.defaultdict(list)
+
+    def start_bundle(self, inputs: Iterable[Any]) -> None:
+        self._inputs = inputs
+        self.outputs = []
+        self.timers = collections.defaultdict(list)
+
+    def input_elements(  # type: ignore[override]
+        self, instruction_id: str, expected_inputs: Any, abort_callback: Any = None
+    ) -> Iterator[Any]:
+        yield from self._inputs
+        self._inputs = ()
+
+    def output_stream(self, instruction_id: str, transform_id: str) -> ElementStream:
+        return ElementStream(self.outputs, transform_id)
+
+    def output_timer_stream(
+        self, instruction_id: str, transform_id: str, timer_family_id: str
+    ) -> data_plane.ClosableOutputStream:
+        sink = self.timers[(transform_id, timer_family_id)]
+        return data_plane.ClosableOutputStream(
+            close_callback=lambda data: sink.append(data) if data else None
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class EmbeddedChannelFactory(data_plane.DataChannelFactory):
+    """Gives every data and timer port of a descriptor the same channel."""
+
+    def __init__(self, channel: EmbeddedChannel) -> None:
+        self.channel = channel
+
+    def create_data_channel(self, remote_grpc_port: Any, *args: Any, **kwargs: Any) -> EmbeddedChannel:
+        return self.channel
+
+    def create_data_channel_from_url(self, url: str, **kwargs: Any) -> EmbeddedChannel:
+        return self.channel
+
+    def close(self) -> None:
+        pass
+
+
+class TaskStateHandler(sdk_worker.StateHandler):
+    """Serves side inputs (shipped with the task) and user state (kept in the task)."""
+
+    def __init__(self) -> None:
+        self._side: Mapping[bytes, list[bytes]] = {}
+        self._user = worker_handlers.StateServicer()
+        self._lock = threading.Lock()
+
+    def bind_side_inputs(self, side: Mapping[bytes, list[bytes]]) -> None:
+        self._side = side
+
+    def drop_user_state(self) -> None:
+        """Forgets all user state: the keys it belonged to are finished."""
+        self._user = worker_handlers.StateServicer()
+
+    @contextlib.contextmanager
+    def process_instruction_id(self, bundle_id: str) -> Iterator[None]:
+        yield
+
+    def get_raw(
+        self, state_key: beam_fn_api_pb2.StateKey, continuation_token: bytes | None = None
+    ) -> tuple[bytes, bytes | None]:
+        if state_key.WhichOneof("type") in _SIDE_INPUT_KINDS:
+            return b"".join(self._side.get(state_key.SerializeToString(), ())), None
+        return self._user.get_raw(state_key, continuation_token)
+
+    def append_raw(self, state_key: beam_fn_api_pb2.StateKey, data: bytes) -> Any:
+        return self._user.append_raw(state_key, data)
+
+    def clear(self, state_key: beam_fn_api_pb2.StateKey) -> Any:
+        return self._user.clear(state_key)
+
+    def done(self) -> None:
+        pass
+
+
+@dataclass
+class BundleResult:
+    """What one bundle produced."""
+
+    outputs: list[tuple[str, bytes]]  # (DATA_OUTPUT transform id, one encoded element)
+    timers: dict[tuple[str, str], list[bytes]]  # (transform, family) -> encoded timer chunks
+    residuals: list[beam_fn_api_pb2.DelayedBundleApplication]
+    monitoring_infos: list[metrics_pb2.MonitoringInfo]
+    elements_in: int = 0
+
+
+@dataclass
+class EmbeddedWorker:
+    """One BundleProcessor with its channel and state handler."""
+
+    descriptor: beam_fn_api_pb2.ProcessBundleDescriptor
+    channel: EmbeddedChannel = field(default_factory=EmbeddedChannel)
+    state: TaskStateHandler = field(default_factory=TaskStateHandler)
+    processor: bundle_processor.BundleProcessor | None = None
+    _ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        caching = sdk_worker.GlobalCachingStateHandler(StateCache(0), self.state)
+        self.processor = bundle_processor.BundleProcessor(
+            CAPABILITIES, self.descriptor, caching, EmbeddedChannelFactory(self.channel)
+        )
+
+    def process(self, inputs: Iterable[Any], bundle_label: str = "") -> BundleResult:
+        """Runs one bundle over `inputs` (Elements.Data / Elements.Timers messages)."""
+        assert self.processor is not None
+        instruction_id = bundle_label or f"{self.descriptor.id}-{next(self._ids):06d}"
+        self.channel.start_bundle(inputs)
+        with self.processor.state_handler.process_instruction_id(instruction_id, []):
+            residuals, needs_finalization = self.processor.process_bundle(instruction_id)
+            infos = list(self.processor.monitoring_infos())
+        if needs_finalization:
+            self.processor.finalize_bundle()
+        result = BundleResult(
+            outputs=self.channel.outputs,
+            timers=dict(self.channel.timers),
+            residuals=list(residuals),
+            monitoring_infos=infos,
+        )
+        self.processor.reset()
+        self.channel.start_bundle(())
+        return result
+
+    def shutdown(self) -> None:
+        if self.processor is not None:
+            self.processor.shutdown()
+            self.processor = None
+
+
+class WorkerCache:
+    """Idle embedded workers of this Python process, by descriptor digest."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[EmbeddedWorker]] = collections.defaultdict(list)
+        self._lock = threading.Lock()
+        self.created = 0  # descriptors parsed and set up in this process
+
+    @contextlib.contextmanager
+    def lease(self, descriptor_bytes: bytes) -> Iterator[EmbeddedWorker]:
+        digest = hashlib.sha1(descriptor_bytes).hexdigest()
+        with self._lock:
+            idle = self._idle[digest]
+            worker = idle.pop() if idle else None
+        if worker is None:
+            worker = EmbeddedWorker(
+                beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor_bytes)
+            )
+            self.created += 1
+        ok = False
+        try:
+            yield worker
+            ok = True
+        finally:
+            if ok:
+                worker.state.drop_user_state()
+                worker.state.bind_side_inputs({})
+                with self._lock:
+                    self._idle[digest].append(worker)
+            else:
+                # A failed bundle leaves the processor in an unknown state: do not reuse it.
+                with contextlib.suppress(Exception):
+                    worker.shutdown()
+
+    def shutdown(self) -> None:
+        """Tears down every cached DoFn (runs at process exit)."""
+        with self._lock:
+            workers = [w for ws in self._idle.values() for w in ws]
+            self._idle.clear()
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.shutdown()
+
+
+WORKERS = WorkerCache()
+atexit.register(WORKERS.shutdown)

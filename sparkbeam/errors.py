@@ -1,0 +1,70 @@
+"""One error hierarchy for sparkbeam.
+
+Every message says what failed, where (job, stage, transform), what was expected and what came.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SparkBeamError(Exception):
+    """Base class of every error sparkbeam raises on purpose."""
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """One feature of a pipeline that sparkbeam cannot execute."""
+
+    what: str  # e.g. "transform URN beam:transform:foo:v1"
+    where: str  # e.g. "transform 'Read/Foo'"
+    hint: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.what} in {self.where}"
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class UnsupportedFeatureError(SparkBeamError):
+    """The pipeline uses features sparkbeam cannot run; all of them are listed at once."""
+
+    def __init__(self, features: list[Unsupported]) -> None:
+        self.features = list(features)
+        lines = "\n".join(f"  - {f}" for f in self.features)
+        super().__init__(
+            f"sparkbeam cannot run this pipeline: {len(self.features)} unsupported "
+            f"feature(s) found when preparing the job:\n{lines}"
+        )
+
+
+class PlanningError(SparkBeamError):
+    """The pipeline proto could not be turned into stages."""
+
+
+@dataclass
+class UserCodeError(SparkBeamError):
+    """An exception raised by user code (a DoFn, a CombineFn, a coder) inside a Spark task."""
+
+    stage: str
+    transform: str
+    exc_type: str
+    exc_message: str
+    user_traceback: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return (
+            f"user code failed in transform '{self.transform}' of {self.stage}: "
+            f"{self.exc_type}: {self.exc_message}\n"
+            f"--- traceback from the Spark task ---\n{self.user_traceback}"
+        )
+
+
+class ExecutionError(SparkBeamError):
+    """Spark failed to run a stage for a reason other than user code."""
+
+
+class JobCancelledError(SparkBeamError):
+    """The job was cancelled while it ran."""

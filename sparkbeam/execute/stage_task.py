@@ -1,0 +1,335 @@
+"""What one Spark task of a stage does: stream its partition through the bundle processor.
+
+Runs in the Spark Python worker and imports no pyspark: it is a function of (stage, input rows,
+shipped side inputs) -> output rows, so the streaming engine can reuse it.
+
+Rows are (input index, key, value): `value` is one element encoded in the nested context,
+`key` its encoded key where a keyed consumer needs it. A keyed stage receives its rows sorted by
+key; it groups GroupByKey inputs key by key and, for stateful stages, fires a key's timers and
+drops its state as soon as the key's input is done (batch: the watermark is +inf for a key once
+all its input has been seen), so memory holds one key's state, never a partition's.
+"""
+from __future__ import annotations
+
+import base64
+import heapq
+import json
+import re
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from apache_beam.coders.coder_impl import create_OutputStream
+from apache_beam.metrics import monitoring_infos
+from apache_beam.portability.api import beam_fn_api_pb2, metrics_pb2
+from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
+from apache_beam.utils import timestamp
+
+from sparkbeam.control.embedded import WORKERS, BundleResult, EmbeddedWorker
+from sparkbeam.execute import worker_context
+from sparkbeam.plan.model import Grouping, Stage
+
+METRICS_TAG = -1
+ERROR_MARKER = "SPARKBEAM-TASK-ERROR:"
+_MAX_TIMER_ROUNDS = 1_000_000
+_WHILE_RUNNING = re.compile(r"\[while running '(.+?)'\]")
+
+Row = tuple[int, bytes | None, bytes]  # (input index, key, value)
+OutRow = tuple[int, bytes | None, bytes]  # (output index or METRICS_TAG, key, value)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs, shipped (pickled) with the Spark job."""
+
+    stage: Stage
+    components: bytes
+    groupings: dict[bytes, Grouping]
+    pickle_library: str
+    bundle_size: int
+    bundle_bytes: int
+
+
+def run_stage_task(
+    spec: TaskSpec, rows: Iterable[Row], side_inputs: dict[bytes, list[bytes]]
+) -> Iterator[OutRow]:
+    """Runs one partition of `spec.stage`; yields output rows, then metric rows."""
+    worker_context.prepare(spec.pickle_library)
+    stage = spec.stage
+    with WORKERS.lease(stage.descriptor) as worker:
+        worker.state.bind_side_inputs(side_inputs)
+        driver = _StageDriver(spec, worker)
+        try:
+            if stage.keyed_input:
+                yield from driver.run_keyed(rows)
+            else:
+                yield from driver.run_plain(rows)
+            yield from driver.drain_residuals()
+        except Exception as exc:
+            raise RuntimeError(_error_payload(stage, exc)) from None
+        for info in monitoring_infos.consolidate(driver.infos):
+            yield METRICS_TAG, None, info.SerializeToString()
+
+
+class _StageDriver:
+    """Builds bundles from rows, runs them, and turns their results into output rows."""
+
+    def __init__(self, spec: TaskSpec, worker: EmbeddedWorker) -> None:
+        self.spec = spec
+        self.stage = spec.stage
+        self.worker = worker
+        self.infos: list[metrics_pb2.MonitoringInfo] = []
+        ctx = worker_context.pipeline_context(spec.components)
+        self._out_index = {o.transform_id: i for i, o in enumerate(self.stage.outputs)}
+        self._key_impls = {
+            o.transform_id: (
+                ctx.coders[o.coder_id].get_impl(),
+                ctx.coders[o.key_coder_id].get_impl(),
+            )
+            for o in self.stage.outputs
+            if o.key_coder_id
+        }
+        self._input_ids = [i.transform_id for i in self.stage.inputs]
+        self._groupers = {
+            n: _Grouper(spec.groupings[i.buffer_id], ctx)
+            for n, i in enumerate(self.stage.inputs)
+            if i.buffer_id in spec.groupings
+        }
+        self._timer_impls = {
+            (t.transform_id, t.family_id): ctx.coders[t.coder_id].get_impl()
+            for t in self.stage.timers
+        }
+        self._timer_domain = {(t.transform_id, t.family_id): t.time_domain for t in self.stage.timers}
+        pcoll_to_input = {}
+        for tid in self._input_ids:
+            transform = worker.descriptor.transforms[tid]
+            for pcoll in transform.outputs.values():
+                pcoll_to_input[pcoll] = tid
+        self._pcoll_to_input = pcoll_to_input
+        self._residuals: list[tuple[float, int, beam_fn_api_pb2.DelayedBundleApplication]] = []
+        self._seq = 0
+        # Pending timers of unfinished keys: (transform, family) -> {(key, tag, window): Timer}
+        self._timers: dict[tuple[str, str], dict[tuple, object]] = {}
+
+    # -- bundles ---------------------------------------------------------------------------
+
+    def _run(self, inputs: list[beam_fn_api_pb2.Elements.Data | beam_fn_api_pb2.Elements.Timers]
+             ) -> Iterator[OutRow]:
+        result: BundleResult = self.worker.process(inputs)
+        self.infos.extend(result.monitoring_infos)
+        now = time.time()
+        for residual in result.residuals:
+            delay = residual.requested_time_delay.ToTimedelta().total_seconds()
+            self._seq += 1
+            heapq.heappush(self._residuals, (now + delay, self._seq, residual))
+        if result.timers:
+            self._collect_timers(result.timers)
+        for transform_id, data in result.outputs:
+            keyed = self._key_impls.get(transform_id)
+            key = None
+            if keyed is not None:
+                wv = keyed[0].decode_nested(data)
+                key = keyed[1].encode_nested(wv.value[0])
+            yield self._out_index[transform_id], key, data
+
+    def _data(self, chunks: dict[int, list[bytes]]) -> list[beam_fn_api_pb2.Elements.Data]:
+        return [
+            beam_fn_api_pb2.Elements.Data(
+                transform_id=self._input_ids[n], data=b"".join(parts)
+            )
+            for n, parts in chunks.items()
+            if parts
+        ]
+
+    def run_plain(self, rows: Iterable[Row]) -> Iterator[OutRow]:
+        chunks: dict[int, list[bytes]] = {}
+        count = size = 0
+        for n, _key, value in rows:
+            chunks.setdefault(n, []).append(value)
+            count += 1
+            size += len(value)
+            if count >= self.spec.bundle_size or size >= self.spec.bundle_bytes:
+                yield from self._run(self._data(chunks))
+                chunks, count, size = {}, 0, 0
+        if count or not self.stage.inputs:
+            yield from self._run(self._data(chunks))
+
+    def run_keyed(self, rows: Iterable[Row]) -> Iterator[OutRow]:
+        """Rows arrive sorted by (key, input); bundles end at key boundaries when full."""
+        chunks: dict[int, list[bytes]] = {}
+        count = size = 0
+        current: tuple[bytes | None, int] | None = None
+        run: list[bytes] = []
+
+        def close_run() -> None:
+            nonlocal count, size
+            if current is None:
+                return
+            n = current[1]
+            data = self._groupers[n].group(run) if n in self._groupers else run
+            for element in data:
+                chunks.setdefault(n, []).append(element)
+                count += 1
+                size += len(element)
+            run.clear()
+
+        for n, key, value in rows:
+            if current is not None and (key, n) != current:
+                close_run()
+                if key != current[0] and (
+                    count >= self.spec.bundle_size or size >= self.spec.bundle_bytes
+                ):
+                    yield from self._run(self._data(chunks))
+                    chunks, count, size = {}, 0, 0
+                    yield from self._finish_keys()
+            elif n not in self._groupers and (
+                count >= self.spec.bundle_size or size >= self.spec.bundle_bytes
+            ):
+                # One key bigger than a bundle: cut the bundle inside the key, finish it later.
+                yield from self._run(self._data(chunks))
+                chunks, count, size = {}, 0, 0
+            current = (key, n)
+            if n in self._groupers:
+                run.append(value)
+            else:
+                chunks.setdefault(n, []).append(value)
+                count += 1
+                size += len(value)
+        close_run()
+        if count:
+            yield from self._run(self._data(chunks))
+        yield from self._finish_keys()
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def _collect_timers(self, written: dict[tuple[str, str], list[bytes]]) -> None:
+        for family, chunks in written.items():
+            impl = self._timer_impls[family]
+            pending = self._timers.setdefault(family, {})
+            for chunk in chunks:
+                for timer in impl.decode_all(chunk):
+                    ident = (
+                        impl._key_coder_impl.encode_nested(timer.user_key),
+                        timer.dynamic_timer_tag,
+                        timer.windows[0] if timer.windows else None,
+                    )
+                    if timer.clear_bit:
+                        pending.pop(ident, None)
+                    else:
+                        pending[ident] = timer
+
+    def _finish_keys(self) -> Iterator[OutRow]:
+        """Batch: input of the keys seen so far is complete, so their timers fire, earliest
+        first per key (timers set while firing join in), then their state is dropped."""
+        if not self.stage.stateful:
+            return
+        rounds = 0
+        while any(self._timers.values()):
+            rounds += 1
+            if rounds > _MAX_TIMER_ROUNDS:
+                raise RuntimeError(
+                    f"timers of {self.stage.label} kept re-arming for {_MAX_TIMER_ROUNDS} rounds"
+                )
+            due: dict[bytes, tuple[int, timestamp.Timestamp]] = {}
+            for family, pending in self._timers.items():
+                domain = self._timer_domain[family]
+                for (key, _tag, _w), timer in pending.items():
+                    order = (domain, timer.fire_timestamp)
+                    if key not in due or order < due[key]:
+                        due[key] = order
+            firing: dict[tuple[str, str], list] = {}
+            for family, pending in self._timers.items():
+                domain = self._timer_domain[family]
+                for ident in [i for i, t in pending.items()
+                              if due[i[0]] == (domain, t.fire_timestamp)]:
+                    firing.setdefault(family, []).append(pending.pop(ident))
+            for batch in self._timer_bundles(firing):
+                yield from self._run(batch)
+        self.worker.state.drop_user_state()
+
+    def _timer_bundles(
+        self, firing: dict[tuple[str, str], list]
+    ) -> Iterator[list[beam_fn_api_pb2.Elements.Timers]]:
+        batch: list[beam_fn_api_pb2.Elements.Timers] = []
+        count = 0
+        for (transform_id, family_id), timers in firing.items():
+            impl = self._timer_impls[(transform_id, family_id)]
+            for start in range(0, len(timers), self.spec.bundle_size):
+                out = create_OutputStream()
+                part = timers[start:start + self.spec.bundle_size]
+                for timer in part:
+                    impl.encode_to_stream(timer, out, True)
+                batch.append(beam_fn_api_pb2.Elements.Timers(
+                    transform_id=transform_id, timer_family_id=family_id, timers=out.get()))
+                count += len(part)
+                if count >= self.spec.bundle_size:
+                    yield batch
+                    batch, count = [], 0
+        if batch:
+            yield batch
+
+    # -- residuals (self-checkpoints of splittable DoFns) -------------------------------------
+
+    def drain_residuals(self) -> Iterator[OutRow]:
+        """Reschedules residual roots until none remain, honouring requested delays."""
+        while self._residuals:
+            due_at = self._residuals[0][0]
+            wait = due_at - time.time()
+            if wait > 0:
+                time.sleep(wait)
+            now = time.time()
+            chunks: dict[int, list[bytes]] = {}
+            count = 0
+            while self._residuals and self._residuals[0][0] <= now and (
+                count < self.spec.bundle_size
+            ):
+                _, _, residual = heapq.heappop(self._residuals)
+                app = residual.application
+                pcoll = self.worker.descriptor.transforms[app.transform_id].inputs[app.input_id]
+                n = self._input_ids.index(self._pcoll_to_input[pcoll])
+                chunks.setdefault(n, []).append(app.element)
+                count += 1
+            yield from self._run(self._data(chunks))
+            yield from self._finish_keys()
+
+
+class _Grouper:
+    """Groups one key's values of a GroupByKey input by window, with Beam's trigger driver."""
+
+    def __init__(self, grouping: Grouping, ctx) -> None:  # type: ignore[no-untyped-def]
+        self._pre = ctx.coders[grouping.input_coder_id]
+        self._post = ctx.coders[grouping.output_coder_id]
+        self._windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
+
+    def group(self, values: list[bytes]) -> list[bytes]:
+        """One chunk holding the key's grouped element(s), one per window/pane."""
+        buffer = GroupingBuffer(self._pre, self._post, self._windowing)
+        buffer.append(b"".join(values))
+        return [chunk for chunk in buffer.partition(1)[0] if chunk]
+
+
+def _error_payload(stage: Stage, exc: BaseException) -> str:
+    """Encodes a task failure so the driver can rebuild it whatever Spark wraps it in."""
+    text = str(exc)
+    match = _WHILE_RUNNING.search(text) or _WHILE_RUNNING.search(
+        "".join(traceback.format_exception(exc))
+    )
+    transform = match.group(1) if match else (stage.description or stage.label)
+    payload = {
+        "stage": stage.display,
+        "transform": transform,
+        "type": type(exc).__name__,
+        "message": _WHILE_RUNNING.sub("", text).strip(),
+        "traceback": "".join(traceback.format_exception(exc))[-20000:],
+    }
+    encoded = base64.b64encode(json.dumps(payload).encode()).decode()
+    return f"{ERROR_MARKER}{encoded}:END in {stage.display}: {type(exc).__name__}: {text[:500]}"
+
+
+def parse_error_payload(text: str) -> dict[str, str] | None:
+    """The payload a failed task raised, found in any error text that carries it."""
+    match = re.search(re.escape(ERROR_MARKER) + r"([A-Za-z0-9+/=]+):END", text)
+    if not match:
+        return None
+    return json.loads(base64.b64decode(match.group(1)))

@@ -1,0 +1,75 @@
+"""SparkOptions: the pipeline options sparkbeam reads."""
+from __future__ import annotations
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+DEFAULT_BUNDLE_SIZE = 1000
+DEFAULT_BUNDLE_BYTES = 64 << 20
+
+
+class SparkOptions(PipelineOptions):
+    """Options of the Spark runner (`--spark_master`, `--spark_conf`, bundle bounds...)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:  # type: ignore[no-untyped-def]
+        def add_argument(flag: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            # Beam's FlinkRunnerOptions already defines --parallelism; share it, don't clash.
+            if flag not in getattr(parser, "_option_string_actions", {}):
+                parser.add_argument(flag, **kwargs)
+
+        add_argument(
+            "--spark_master",
+            default="local[*]",
+            help="Spark master URL for a new session (local[*], spark://host:port, yarn, k8s://...). "
+            "An active SparkSession is reused when there is one.",
+        )
+        add_argument(
+            "--spark_conf",
+            action="append",
+            default=None,
+            help="Extra Spark configuration as key=value; repeatable.",
+        )
+        add_argument(
+            "--parallelism",
+            type=int,
+            default=None,
+            help="Number of partitions for shuffles and spread stages "
+            "(default: Spark's default parallelism).",
+        )
+        add_argument(
+            "--bundle_size",
+            type=int,
+            default=DEFAULT_BUNDLE_SIZE,
+            help="Most elements fed to the bundle processor in one bundle.",
+        )
+        add_argument(
+            "--bundle_bytes",
+            type=int,
+            default=DEFAULT_BUNDLE_BYTES,
+            help="Most encoded input bytes fed to the bundle processor in one bundle.",
+        )
+        add_argument(
+            "--spark_app_name",
+            default="sparkbeam",
+            help="Application name of a SparkSession that sparkbeam creates.",
+        )
+
+
+def positive_or_none(value: int | None) -> int | None:
+    """Beam's shared --parallelism defaults to -1 (Flink's "unset")."""
+    return value if value is not None and value > 0 else None
+
+
+def parse_spark_conf(entries: list[str] | None) -> dict[str, str]:
+    """Turns repeated `key=value` entries into a dict; a malformed entry is a clear error."""
+    from sparkbeam.errors import SparkBeamError
+
+    conf: dict[str, str] = {}
+    for entry in entries or []:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise SparkBeamError(
+                f"--spark_conf expects key=value, got {entry!r}"
+            )
+        conf[key.strip()] = value.strip()
+    return conf

@@ -1,0 +1,144 @@
+"""Prepare-time check: every feature of a pipeline that sparkbeam cannot run, found at once.
+
+Fails closed, like a translation table: a leaf transform whose URN has no rule here or in the
+SDK's bundle processor is reported, never silently mis-executed.
+"""
+from __future__ import annotations
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners import pipeline_context
+from apache_beam.runners.worker import bundle_processor
+
+from sparkbeam import urns
+from sparkbeam.errors import Unsupported, UnsupportedFeatureError
+
+# Leaf transforms the runner executes itself (the rest run in the SDK's bundle processor).
+RUNNER_EXECUTED = {
+    urns.IMPULSE: "Impulse: a one-row DataFrame",
+    urns.GROUP_BY_KEY: "GroupByKey: a Spark shuffle on the encoded key, grouped per window",
+    urns.FLATTEN: "Flatten: a union of buffers",
+}
+
+
+def _sdk_executed() -> frozenset[str]:
+    known = set(bundle_processor.BeamTransformFactory._known_urns)
+    # Beam ships handlers for Java-only URNs too; those cannot run in a Python worker.
+    return frozenset(u for u in known if "java" not in u)
+
+
+def supported_transform_urns() -> dict[str, str]:
+    """URN -> how it runs; the support table of the README is generated from this."""
+    table = dict(RUNNER_EXECUTED)
+    for urn in sorted(_sdk_executed()):
+        table.setdefault(urn, "in the SDK bundle processor inside a Spark task")
+    return table
+
+
+def find_unsupported(
+    proto: beam_runner_api_pb2.Pipeline, *, streaming: bool = False
+) -> list[Unsupported]:
+    """Every unsupported feature of `proto`, in a stable order."""
+    found: list[Unsupported] = []
+    comps = proto.components
+    supported = supported_transform_urns()
+    if streaming:
+        found.append(
+            Unsupported(
+                "streaming execution (--streaming)",
+                "the pipeline options",
+                "the streaming engine is not built yet; run the pipeline in batch mode",
+            )
+        )
+    for req in proto.requirements:
+        if req not in urns.SUPPORTED_REQUIREMENTS:
+            found.append(Unsupported(f"pipeline requirement {req}", "the pipeline"))
+    for tid in sorted(comps.transforms):
+        t = comps.transforms[tid]
+        name = t.unique_name or tid
+        if t.subtransforms:
+            continue  # composites run as their parts
+        if set(t.outputs.values()) <= set(t.inputs.values()):
+            continue  # an empty composite that passes its input through
+        urn = t.spec.urn
+        if urn == urns.TEST_STREAM:
+            found.append(
+                Unsupported(
+                    "TestStream", f"transform '{name}'", "TestStream needs the streaming engine"
+                )
+            )
+        elif urn and urn not in supported:
+            hint = "a cross-language or runner-specific transform" if ":" in urn else ""
+            found.append(Unsupported(f"transform URN {urn}", f"transform '{name}'", hint))
+        if t.environment_id and t.environment_id in comps.environments:
+            env = comps.environments[t.environment_id]
+            problem = _environment_problem(env)
+            if problem:
+                found.append(Unsupported(problem, f"transform '{name}'"))
+    for pid in sorted(comps.pcollections):
+        pc = comps.pcollections[pid]
+        if pc.is_bounded == beam_runner_api_pb2.IsBounded.UNBOUNDED and not streaming:
+            found.append(
+                Unsupported(
+                    "an unbounded PCollection",
+                    f"PCollection '{pc.unique_name or pid}'",
+                    "unbounded sources need the streaming engine",
+                )
+            )
+    found.extend(_unbuildable_components(comps))
+    return _dedup(found)
+
+
+def check_pipeline(proto: beam_runner_api_pb2.Pipeline, *, streaming: bool = False) -> None:
+    """Raises one UnsupportedFeatureError listing every problem, or returns."""
+    found = find_unsupported(proto, streaming=streaming)
+    if found:
+        raise UnsupportedFeatureError(found)
+
+
+def _environment_problem(env: beam_runner_api_pb2.Environment) -> str | None:
+    if env.urn == common_urns.environments.DOCKER.urn:
+        payload = beam_runner_api_pb2.DockerPayload.FromString(env.payload)
+        image = payload.container_image.lower()
+        if image and "python" not in image and "beam_python" not in image:
+            return f"a non-Python SDK environment (container image {payload.container_image})"
+    if env.urn and env.urn not in urns.PYTHON_ENVIRONMENT_URNS:
+        return f"environment URN {env.urn}"
+    return None
+
+
+def _unbuildable_components(comps: beam_runner_api_pb2.Components) -> list[Unsupported]:
+    """Coders and windowing strategies the Python SDK cannot construct."""
+    found: list[Unsupported] = []
+    context = pipeline_context.PipelineContext(comps)
+    for cid in sorted(comps.coders):
+        try:
+            context.coders.get_by_id(cid)
+        except Exception as exc:  # noqa: BLE001 - any failure means we cannot decode it
+            urn = comps.coders[cid].spec.urn
+            found.append(Unsupported(f"coder {urn}", f"coder '{cid}'", _first_line(exc)))
+    for wid in sorted(comps.windowing_strategies):
+        try:
+            context.windowing_strategies.get_by_id(wid)
+        except Exception as exc:  # noqa: BLE001
+            urn = comps.windowing_strategies[wid].window_fn.urn
+            found.append(
+                Unsupported(f"window function {urn}", f"windowing strategy '{wid}'",
+                            _first_line(exc))
+            )
+    return found
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _dedup(items: list[Unsupported]) -> list[Unsupported]:
+    seen: set[Unsupported] = set()
+    out = []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out

@@ -1,0 +1,200 @@
+"""SparkRunner: `--runner=sparkbeam.SparkRunner` runs a Beam pipeline on a SparkSession."""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from apache_beam.options import pipeline_options
+from apache_beam.options.value_provider import RuntimeValueProvider
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
+from apache_beam.transforms import environments
+
+from sparkbeam.errors import JobCancelledError, SparkBeamError
+from sparkbeam.execute.metrics import SparkMetrics
+from sparkbeam.options import SparkOptions, positive_or_none
+from sparkbeam.plan.check import check_pipeline
+from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.plan.model import Plan
+
+_LOG = logging.getLogger(__name__)
+_JOB_IDS = itertools.count(1)
+
+TERMINAL = frozenset(
+    [PipelineState.DONE, PipelineState.FAILED, PipelineState.CANCELLED, PipelineState.UPDATED,
+     PipelineState.DRAINED]
+)
+
+
+def prepare(
+    proto: beam_runner_api_pb2.Pipeline, options: pipeline_options.PipelineOptions
+) -> Plan:
+    """Checks (every unsupported feature at once) and plans a pipeline; no Spark work."""
+    streaming = options.view_as(pipeline_options.StandardOptions).streaming
+    check_pipeline(proto, streaming=bool(streaming))
+    pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
+    return plan_pipeline(proto, pickle_library=pickle_library)
+
+
+class SparkJob:
+    """One pipeline run on Spark in a thread of its own; the state machine the result reads."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        options: pipeline_options.PipelineOptions,
+        job_id: str | None = None,
+        on_message: Callable[[str], None] | None = None,
+    ) -> None:
+        from sparkbeam.execute.executor import Progress
+
+        self.plan = plan
+        self.options = options
+        self.job_id = job_id or f"job-{next(_JOB_IDS):03d}"
+        self.progress = Progress()
+        self.state = PipelineState.STOPPED
+        self.error: BaseException | None = None
+        self.cancelled = threading.Event()
+        self._done = threading.Event()
+        self._on_message = on_message or (lambda m: None)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"sparkbeam-{self.job_id}")
+        self._datasets = None
+
+    def start(self) -> None:
+        self._set_state(PipelineState.STARTING)
+        self._thread.start()
+
+    def _set_state(self, state: str) -> None:
+        with self._lock:
+            if self.state in TERMINAL:
+                return  # terminal states are sticky
+            self.state = state
+        self._on_message(f"{self.job_id} is {state}")
+
+    def _run(self) -> None:
+        from sparkbeam.execute.dataset import Datasets, get_session
+        from sparkbeam.execute.executor import ExecutionSettings, Executor
+
+        try:
+            spark_options = self.options.view_as(SparkOptions)
+            spark = get_session(spark_options)
+            self._datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
+            executor = Executor(
+                self._datasets,
+                ExecutionSettings(
+                    bundle_size=max(1, spark_options.bundle_size),
+                    bundle_bytes=max(1, spark_options.bundle_bytes),
+                ),
+            )
+            self._set_state(PipelineState.RUNNING)
+            started = time.time()
+            executor.run(self.plan, self.job_id, self.progress, self.cancelled,
+                         log=self._log)
+            self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
+            self._set_state(PipelineState.DONE)
+        except JobCancelledError as exc:
+            self.error = exc
+            self._set_state(PipelineState.CANCELLED)
+        except BaseException as exc:  # noqa: BLE001 - the job fails, the caller gets it
+            if self.cancelled.is_set():
+                self.error = exc
+                self._set_state(PipelineState.CANCELLED)
+            else:
+                self.error = exc
+                _LOG.error("%s failed: %s", self.job_id, exc)
+                self._on_message(f"{self.job_id} failed: {exc}")
+                self._set_state(PipelineState.FAILED)
+        finally:
+            self._done.set()
+
+    def _log(self, message: str) -> None:
+        _LOG.info("%s", message)
+        self._on_message(message)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self._datasets is not None:
+            self._datasets.cancel(self.job_id)
+        if not self._thread.is_alive() and self.state not in TERMINAL:
+            self._set_state(PipelineState.CANCELLED)
+
+    def metrics(self) -> SparkMetrics:
+        return SparkMetrics(self.progress.snapshot())
+
+
+class SparkPipelineResult(PipelineResult):
+    """The result of a pipeline run by SparkRunner."""
+
+    def __init__(self, job: SparkJob) -> None:
+        super().__init__(job.state)
+        self._job = job
+
+    @property
+    def job_id(self) -> str:
+        return self._job.job_id
+
+    @property
+    def state(self) -> str:
+        return self._job.state
+
+    def wait_until_finish(self, duration: int | None = None) -> str:
+        """Waits for the job (at most `duration` milliseconds); raises if it failed."""
+        finished = self._job.wait(None if duration is None else duration / 1000.0)
+        if not finished:
+            return self._job.state
+        if self._job.state == PipelineState.FAILED and self._job.error is not None:
+            raise self._job.error
+        return self._job.state
+
+    def cancel(self) -> str:
+        self._job.cancel()
+        self._job.wait(60)
+        return self._job.state
+
+    def metrics(self) -> SparkMetrics:
+        return self._job.metrics()
+
+    def monitoring_infos(self):  # type: ignore[no-untyped-def]
+        return self._job.metrics().monitoring_infos()
+
+
+class SparkRunner(PipelineRunner):
+    """Runs Beam pipelines on Apache Spark through PySpark (batch)."""
+
+    def run_pipeline(self, pipeline, options):  # type: ignore[no-untyped-def, override]
+        RuntimeValueProvider.set_runtime_options({})
+        debug = options.view_as(pipeline_options.DebugOptions)
+        experiments = debug.experiments or []
+        if "beam_fn_api" not in experiments:
+            experiments.append("beam_fn_api")
+        debug.experiments = experiments
+        from apache_beam.runners.portability.fn_api_runner.fn_runner import (
+            group_by_key_input_visitor,
+        )
+
+        pipeline.visit(
+            group_by_key_input_visitor(
+                not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders
+            )
+        )
+        proto = pipeline.to_runner_api(
+            default_environment=environments.EmbeddedPythonEnvironment.default()
+        )
+        return self.run_portable_pipeline(proto, options)
+
+    def run_portable_pipeline(self, proto, options):  # type: ignore[no-untyped-def, override]
+        plan = prepare(proto, options)
+        job = SparkJob(plan, options)
+        result = SparkPipelineResult(job)
+        job.start()
+        return result
+
+
+__all__ = ["SparkRunner", "SparkPipelineResult", "SparkJob", "prepare", "SparkBeamError"]
