@@ -6,6 +6,8 @@ lines with ``WriteToText(out_prefix)``.
 
 from __future__ import annotations
 
+import glob
+import uuid
 from collections.abc import Callable, Iterator
 
 import apache_beam as beam
@@ -19,6 +21,75 @@ from bench import records
 from bench.workloads import Dataset
 
 IntPair = beam.typehints.Tuple[int, int]
+
+
+def read_text_file(path: str) -> Iterator[str]:
+    """Yields the lines of one text file, without line terminators."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield line.rstrip("\n")
+
+
+class ReadTextFiles(beam.PTransform):
+    """``Create(files matching pattern) | FlatMap(read lines)``.
+
+    Plain-I/O stand-in for ``ReadFromText`` (for runners that cannot
+    translate ``Read``); each file is read whole by one task.
+    """
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self._pattern = pattern
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        files = sorted(glob.glob(self._pattern))
+        return (
+            pbegin
+            | "Files" >> beam.Create(files)
+            | "Lines" >> beam.FlatMap(read_text_file).with_output_types(str)
+        )
+
+
+class WriteLinesPerBundle(beam.DoFn):
+    """Plain-I/O stand-in for ``WriteToText``: each bundle writes its lines to
+    a new file ``<prefix>-<uuid>`` (no side inputs, no finalize step)."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._file = None
+
+    def start_bundle(self) -> None:
+        self._file = None
+
+    def process(self, line: str) -> None:
+        if self._file is None:
+            self._file = open(f"{self._prefix}-{uuid.uuid4().hex}", "w", encoding="utf-8")
+        self._file.write(f"{line}\n")
+
+    def finish_bundle(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class WriteTextFiles(beam.PTransform):
+    """Applies ``WriteLinesPerBundle``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self._prefix = prefix
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        return pcoll | "WriteBundles" >> beam.ParDo(WriteLinesPerBundle(self._prefix))
+
+
+Reader = Callable[[str], beam.PTransform]
+#: I/O modes: ``beam`` (``ReadFromText``/``WriteToText``, for every runner
+#: that supports them) or ``plain`` (``ReadTextFiles``/``WriteTextFiles``).
+IO_MODES: dict[str, tuple[Reader, Callable[[str], beam.PTransform]]] = {
+    "beam": (beam.io.ReadFromText, beam.io.WriteToText),
+    "plain": (ReadTextFiles, WriteTextFiles),
+}
 
 
 class CountSumFn(beam.CombineFn):
@@ -74,10 +145,10 @@ class BufferUntilTimer(beam.DoFn):
         yield f"{key}\t{records.sorted_summary(values)}"
 
 
-def _wordcount(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
+def _wordcount(p: beam.Pipeline, ds: Dataset, read: Reader) -> beam.PCollection:
     return (
         p
-        | "Read" >> beam.io.ReadFromText(ds.inputs["main"])
+        | "Read" >> read(ds.inputs["main"])
         | "Split" >> beam.FlatMap(records.split_words).with_output_types(str)
         | "PairOne" >> beam.Map(records.pair_one).with_output_types(beam.typehints.Tuple[str, int])
         | "Sum" >> beam.CombinePerKey(sum)
@@ -85,20 +156,20 @@ def _wordcount(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
     )
 
 
-def _combine(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
+def _combine(p: beam.Pipeline, ds: Dataset, read: Reader) -> beam.PCollection:
     return (
         p
-        | "Read" >> beam.io.ReadFromText(ds.inputs["main"])
+        | "Read" >> read(ds.inputs["main"])
         | "Parse" >> beam.Map(records.parse_int_pair).with_output_types(IntPair)
         | "Sum" >> beam.CombinePerKey(sum)
         | "Format" >> beam.Map(records.format_kv)
     )
 
 
-def _gbk_skew(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
+def _gbk_skew(p: beam.Pipeline, ds: Dataset, read: Reader) -> beam.PCollection:
     return (
         p
-        | "Read" >> beam.io.ReadFromText(ds.inputs["main"])
+        | "Read" >> read(ds.inputs["main"])
         | "Parse" >> beam.Map(records.parse_int_pair).with_output_types(IntPair)
         | "Group" >> beam.GroupByKey()
         | "SortSummarise" >> beam.Map(records.summarise_group)
@@ -106,25 +177,25 @@ def _gbk_skew(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
     )
 
 
-def _side_input(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
+def _side_input(p: beam.Pipeline, ds: Dataset, read: Reader) -> beam.PCollection:
     table = (
         p
-        | "ReadTable" >> beam.io.ReadFromText(ds.inputs["table"])
+        | "ReadTable" >> read(ds.inputs["table"])
         | "ParseTable" >> beam.Map(records.parse_int_pair).with_output_types(IntPair)
     )
     return (
         p
-        | "Read" >> beam.io.ReadFromText(ds.inputs["main"])
+        | "Read" >> read(ds.inputs["main"])
         | "Lookup" >> beam.Map(records.join_lookup, beam.pvalue.AsDict(table)).with_output_types(IntPair)
         | "Sum" >> beam.CombinePerKey(sum)
         | "Format" >> beam.Map(records.format_kv)
     )
 
 
-def _sessions(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
+def _sessions(p: beam.Pipeline, ds: Dataset, read: Reader) -> beam.PCollection:
     return (
         p
-        | "Read" >> beam.io.ReadFromText(ds.inputs["main"])
+        | "Read" >> read(ds.inputs["main"])
         | "Timestamp" >> beam.Map(to_timestamped).with_output_types(IntPair)
         | "Sessions" >> beam.WindowInto(window.Sessions(records.SESSION_GAP_S))
         | "CountSum" >> beam.CombinePerKey(CountSumFn())
@@ -132,16 +203,16 @@ def _sessions(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
     )
 
 
-def _stateful(p: beam.Pipeline, ds: Dataset) -> beam.PCollection:
+def _stateful(p: beam.Pipeline, ds: Dataset, read: Reader) -> beam.PCollection:
     return (
         p
-        | "Read" >> beam.io.ReadFromText(ds.inputs["main"])
+        | "Read" >> read(ds.inputs["main"])
         | "Timestamp" >> beam.Map(to_timestamped).with_output_types(IntPair)
         | "Buffer" >> beam.ParDo(BufferUntilTimer())
     )
 
 
-BUILDERS: dict[str, Callable[[beam.Pipeline, Dataset], beam.PCollection]] = {
+BUILDERS: dict[str, Callable[[beam.Pipeline, Dataset, Reader], beam.PCollection]] = {
     "wordcount": _wordcount,
     "combine": _combine,
     "gbk_skew": _gbk_skew,
@@ -151,6 +222,8 @@ BUILDERS: dict[str, Callable[[beam.Pipeline, Dataset], beam.PCollection]] = {
 }
 
 
-def build(p: beam.Pipeline, ds: Dataset, out_prefix: str) -> None:
-    """Adds workload ``ds.workload`` reading ``ds`` and writing to ``out_prefix``."""
-    BUILDERS[ds.workload](p, ds) | "Write" >> beam.io.WriteToText(out_prefix)
+def build(p: beam.Pipeline, ds: Dataset, out_prefix: str, io: str = "beam") -> None:
+    """Adds workload ``ds.workload`` reading ``ds`` and writing to ``out_prefix``
+    with the ``io`` mode's read and write transforms."""
+    read, write = IO_MODES[io]
+    BUILDERS[ds.workload](p, ds, read) | "Write" >> write(out_prefix)

@@ -30,13 +30,16 @@ TERMINAL = frozenset(
 
 
 def prepare(
-    proto: beam_runner_api_pb2.Pipeline, options: pipeline_options.PipelineOptions
+    proto: beam_runner_api_pb2.Pipeline,
+    options: pipeline_options.PipelineOptions,
+    *,
+    is_drain: bool = False,
 ) -> Plan:
     """Checks (every unsupported feature at once) and plans a pipeline; no Spark work."""
     streaming = options.view_as(pipeline_options.StandardOptions).streaming
     check_pipeline(proto, streaming=bool(streaming))
     pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
-    return plan_pipeline(proto, pickle_library=pickle_library)
+    return plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain)
 
 
 class SparkJob:
@@ -166,7 +169,15 @@ class SparkPipelineResult(PipelineResult):
 
 
 class SparkRunner(PipelineRunner):
-    """Runs Beam pipelines on Apache Spark through PySpark (batch)."""
+    """Runs Beam pipelines on Apache Spark through PySpark (batch).
+
+    `is_drain=True` plans splittable DoFns as a drained job would run them (restrictions
+    truncated), as FnApiRunner(is_drain=True) does.
+    """
+
+    def __init__(self, is_drain: bool = False) -> None:
+        super().__init__()
+        self._is_drain = is_drain
 
     def run_pipeline(self, pipeline, options):  # type: ignore[no-untyped-def, override]
         RuntimeValueProvider.set_runtime_options({})
@@ -190,7 +201,7 @@ class SparkRunner(PipelineRunner):
         return self.run_portable_pipeline(proto, options)
 
     def run_portable_pipeline(self, proto, options):  # type: ignore[no-untyped-def, override]
-        plan = prepare(proto, options)
+        plan = prepare(proto, options, is_drain=self._is_drain)
         job = SparkJob(plan, options)
         result = SparkPipelineResult(job)
         job.start()

@@ -3,15 +3,46 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from apache_beam import coders
 from apache_beam.metrics import monitoring_infos
+from apache_beam.metrics.cells import BoundedTrieData
 from apache_beam.metrics.execution import MetricResult
 from apache_beam.metrics.metric import MetricResults
 from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.portability import portable_metrics
 
 
+def _union_payload(type_urn: str, a: bytes, b: bytes) -> bytes:
+    """Merges the payloads Beam's `consolidate` has no combiner for (sets and tries)."""
+    if type_urn == monitoring_infos.STRING_SET_TYPE:
+        coder = coders.IterableCoder(coders.StrUtf8Coder())
+        return coder.encode(sorted(set(coder.decode(a)) | set(coder.decode(b))))
+    if type_urn == monitoring_infos.BOUNDED_TRIE_TYPE:
+        left = BoundedTrieData.from_proto(metrics_pb2.BoundedTrie.FromString(a))
+        right = BoundedTrieData.from_proto(metrics_pb2.BoundedTrie.FromString(b))
+        return left.combine(right).to_proto().SerializeToString()
+    return b  # other kinds without a combiner: the latest report wins
+
+
 def _merge(infos: Iterable[metrics_pb2.MonitoringInfo]) -> list[metrics_pb2.MonitoringInfo]:
-    return list(monitoring_infos.consolidate(list(infos)))
+    """Merges the monitoring infos of many bundles and tasks into one per metric."""
+    merged: dict = {}
+    rest = []
+    for info in monitoring_infos.consolidate(list(infos)):
+        if info.type in _SET_LIKE:
+            key = monitoring_infos.to_key(info)
+            if key in merged:
+                merged[key].payload = _union_payload(info.type, merged[key].payload,
+                                                     info.payload)
+            else:
+                merged[key] = metrics_pb2.MonitoringInfo()
+                merged[key].CopyFrom(info)
+        else:
+            rest.append(info)
+    return rest + list(merged.values())
+
+
+_SET_LIKE = frozenset([monitoring_infos.STRING_SET_TYPE, monitoring_infos.BOUNDED_TRIE_TYPE])
 
 
 class SparkMetrics(MetricResults):

@@ -10,8 +10,12 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 from apache_beam.runners.worker import bundle_processor
 
+import logging
+
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
+
+_LOG = logging.getLogger(__name__)
 
 # Leaf transforms the runner executes itself (the rest run in the SDK's bundle processor).
 RUNNER_EXECUTED = {
@@ -75,16 +79,18 @@ def find_unsupported(
             problem = _environment_problem(env)
             if problem:
                 found.append(Unsupported(problem, f"transform '{name}'"))
-    for pid in sorted(comps.pcollections):
-        pc = comps.pcollections[pid]
-        if pc.is_bounded == beam_runner_api_pb2.IsBounded.UNBOUNDED and not streaming:
-            found.append(
-                Unsupported(
-                    "an unbounded PCollection",
-                    f"PCollection '{pc.unique_name or pid}'",
-                    "unbounded sources need the streaming engine",
-                )
-            )
+    unbounded = [
+        pc.unique_name or pid
+        for pid, pc in sorted(comps.pcollections.items())
+        if pc.is_bounded == beam_runner_api_pb2.IsBounded.UNBOUNDED
+    ]
+    if unbounded and not streaming:
+        # Like FnApiRunner, batch runs an unbounded splittable DoFn until it stops claiming
+        # work (PeriodicImpulse with a stop time, a finite `data` list...).
+        _LOG.warning(
+            "%d PCollection(s) are unbounded (e.g. %s); running in batch mode until their "
+            "sources finish", len(unbounded), unbounded[0],
+        )
     found.extend(_unbuildable_components(comps))
     return _dedup(found)
 

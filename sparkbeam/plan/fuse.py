@@ -59,7 +59,7 @@ PHASES = [
 
 
 def plan_pipeline(
-    proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default"
+    proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default", is_drain: bool = False
 ) -> Plan:
     """Fuses `proto` into stages and describes each for the executor."""
     try:
@@ -67,6 +67,7 @@ def plan_pipeline(
             copy.deepcopy(proto),
             phases=PHASES,
             known_runner_urns=frozenset([urns.FLATTEN, urns.GROUP_BY_KEY]),
+            is_drain=is_drain,
         )
     except Exception as exc:
         raise PlanningError(f"fusing the pipeline into stages failed: {exc}") from exc

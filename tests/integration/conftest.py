@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from sparkbeam import SparkRunner
+from tests.conftest import shared_spark
+from tests.integration.pipelines import _tmp
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _spark_session():
+    return shared_spark()
+
+
+def run_and_collect(build: Callable, runner, args: list[str] | None = None) -> list[str]:
+    """Runs build(p) on `runner`; returns the repr of every output element, sorted."""
+    out = _tmp("out")
+    with beam.Pipeline(runner=runner, options=PipelineOptions(args or [])) as p:
+        (build(p) | "ToText" >> beam.Map(repr)
+         | "WriteOut" >> beam.io.WriteToText(out, shard_name_template="-SS-of-NN"))
+    lines: list[str] = []
+    directory = os.path.dirname(out)
+    for name in os.listdir(directory):
+        if name.startswith(os.path.basename(out)):
+            with open(os.path.join(directory, name)) as f:
+                lines.extend(line.rstrip("\n") for line in f)
+    return sorted(lines)
+
+
+_EXPECTED: dict[str, list[str]] = {}
+
+
+def expected_from_fnapi(name: str, build: Callable) -> list[str]:
+    if name not in _EXPECTED:
+        _EXPECTED[name] = run_and_collect(build, FnApiRunner())
+    return _EXPECTED[name]
+
+
+def spark_runner() -> SparkRunner:
+    return SparkRunner()
