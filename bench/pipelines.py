@@ -7,6 +7,7 @@ lines with ``WriteToText(out_prefix)``.
 from __future__ import annotations
 
 import glob
+import os
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -63,6 +64,7 @@ class WriteLinesPerBundle(beam.DoFn):
 
     def process(self, line: str) -> None:
         if self._file is None:
+            os.makedirs(os.path.dirname(self._prefix) or ".", exist_ok=True)
             self._file = open(f"{self._prefix}-{uuid.uuid4().hex}", "w", encoding="utf-8")
         self._file.write(f"{line}\n")
 

@@ -14,7 +14,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineS
 from apache_beam.transforms import environments
 
 from sparkbeam.errors import JobCancelledError, SparkBeamError
-from sparkbeam.execute.metrics import SparkMetrics
+from sparkbeam.metrics import SparkMetrics
 from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.check import check_pipeline
 from sparkbeam.plan.fuse import plan_pipeline

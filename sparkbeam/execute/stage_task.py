@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from apache_beam.coders.coder_impl import create_OutputStream
 from apache_beam.metrics import monitoring_infos
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, metrics_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
 from apache_beam.utils import timestamp
@@ -30,6 +31,7 @@ from sparkbeam.control.embedded import WORKERS, BundleResult, EmbeddedWorker
 from sparkbeam.execute import worker_context
 from sparkbeam.plan.model import Grouping, Stage
 
+TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
 METRICS_TAG = -1
 ERROR_MARKER = "SPARKBEAM-TASK-ERROR:"
 _MAX_TIMER_ROUNDS = 1_000_000
@@ -106,6 +108,14 @@ class _StageDriver:
             transform = worker.descriptor.transforms[tid]
             for pcoll in transform.outputs.values():
                 pcoll_to_input[pcoll] = tid
+        # A residual addressed to an SDF's Process reads what Truncate made (drained jobs):
+        # route it back through the data input that feeds the Truncate, as FnApiRunner does.
+        for transform in worker.descriptor.transforms.values():
+            if transform.spec.urn == TRUNCATE_URN:
+                source = next(iter(transform.inputs.values()))
+                for pcoll in transform.outputs.values():
+                    if source in pcoll_to_input:
+                        pcoll_to_input[pcoll] = pcoll_to_input[source]
         self._pcoll_to_input = pcoll_to_input
         self._residuals: list[tuple[float, int, beam_fn_api_pb2.DelayedBundleApplication]] = []
         self._seq = 0

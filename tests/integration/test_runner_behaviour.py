@@ -1,0 +1,167 @@
+"""SparkRunner's promises beyond outputs: errors, metrics, bundle bounds, cancel, sessions."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics import Metrics, MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
+from apache_beam.testing.util import assert_that, equal_to
+
+from sparkbeam import SparkRunner
+from sparkbeam.errors import UnsupportedFeatureError, UserCodeError
+
+
+def _pipeline(*args: str) -> beam.Pipeline:
+    return beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(list(args)))
+
+
+def test_user_exception_names_transform_type_message_and_traceback() -> None:
+    def explode(x):  # type: ignore[no-untyped-def]
+        if x == 3:
+            raise ValueError("boom")
+        return x
+
+    with pytest.raises(UserCodeError, match=r"(?s)'ExplodeOnThree'.*ValueError: boom") as info:
+        with _pipeline() as p:
+            _ = p | beam.Create([1, 2, 3]) | "ExplodeOnThree" >> beam.Map(explode)
+    err = info.value
+    assert err.transform == "ExplodeOnThree"
+    assert err.exc_type == "ValueError"
+    assert "stage-" in err.stage
+    assert "in explode" in err.user_traceback  # the user's own frame
+    assert "Py4J" not in str(err) and "Python worker exited" not in str(err)
+
+
+def test_every_unsupported_feature_is_listed_at_once() -> None:
+    from apache_beam.testing.test_stream import TestStream
+
+    p = _pipeline("--streaming")
+    _ = p | TestStream().add_elements([1]) | beam.Map(lambda x: x)
+    with pytest.raises(UnsupportedFeatureError) as info:
+        p.run()
+    text = str(info.value)
+    assert "streaming execution (--streaming)" in text
+    assert "TestStream" in text
+    assert len(info.value.features) >= 2
+
+
+def test_bundles_never_exceed_bundle_size() -> None:
+    class BundleSizes(beam.DoFn):
+        def start_bundle(self) -> None:
+            self.n = 0
+
+        def process(self, x):  # type: ignore[no-untyped-def]
+            self.n += 1
+            yield x
+
+        def finish_bundle(self) -> None:
+            Metrics.distribution("test", "bundle_elements").update(self.n)
+
+    # Each of the 100k groups is one element fed to the bundle processor of the stage after
+    # the GroupByKey (a Reshuffle would fan each group out into many elements downstream).
+    p = _pipeline("--bundle_size=10", "--parallelism=2")
+    _ = (p | beam.Create(range(100_000)) | beam.Map(lambda x: (x, x)) | beam.GroupByKey()
+         | beam.ParDo(BundleSizes()))
+    result = p.run()
+    result.wait_until_finish()
+    (dist,) = result.metrics().query(MetricsFilter().with_name("bundle_elements"))[
+        "distributions"
+    ]
+    assert dist.committed.sum == 100_000
+    assert dist.committed.max == 10
+    assert dist.committed.count >= 10_000
+
+
+def test_metrics_counters_distributions_gauges_and_element_counts() -> None:
+    counter = Metrics.counter("ns", "seen")
+    dist = Metrics.distribution("ns", "len")
+    gauge = Metrics.gauge("ns", "last")
+
+    def observe(x):  # type: ignore[no-untyped-def]
+        counter.inc()
+        dist.update(len(x))
+        gauge.set(7)
+        return x
+
+    p = _pipeline()
+    _ = p | beam.Create(["a", "bb", "ccc"]) | "Observe" >> beam.Map(observe)
+    result = p.run()
+    assert result.wait_until_finish() == PipelineState.DONE
+    metrics = result.metrics().query(MetricsFilter().with_namespace("ns"))
+    (c,) = metrics["counters"]
+    assert (c.committed, c.attempted) == (3, 3)
+    assert c.key.step == "Observe"
+    (d,) = metrics["distributions"]
+    assert (d.committed.sum, d.committed.count, d.committed.min, d.committed.max) == (6, 3, 1, 3)
+    (g,) = metrics["gauges"]
+    assert g.committed.value == 7
+    from sparkbeam.metrics import element_counts
+
+    counts = element_counts(result.monitoring_infos())
+    assert 3 in counts.values()
+
+
+def test_wait_until_finish_honours_duration_and_cancel_stops_the_job() -> None:
+    def slow(x):  # type: ignore[no-untyped-def]
+        time.sleep(0.5)
+        return x
+
+    p = _pipeline("--parallelism=2")
+    _ = p | beam.Create(range(400)) | beam.Map(slow)
+    result = p.run()
+    started = time.monotonic()
+    state = result.wait_until_finish(duration=1500)
+    waited = time.monotonic() - started
+    assert state in (PipelineState.STARTING, PipelineState.RUNNING)
+    assert 1.0 <= waited < 30
+    assert result.cancel() == PipelineState.CANCELLED
+    assert result.wait_until_finish() == PipelineState.CANCELLED
+
+
+def test_reuses_the_active_spark_session(spark) -> None:  # type: ignore[no-untyped-def]
+    from pyspark.sql import SparkSession
+
+    with _pipeline() as p:
+        assert_that(p | beam.Create([1, 2]) | beam.Map(lambda x: x * 2), equal_to([2, 4]))
+    assert SparkSession.getActiveSession() is spark
+
+
+def test_task_retries_do_not_double_count_committed_metrics(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A task that fails once and is retried (local[2,3] allows retries) counts once."""
+    script = tmp_path / "retry.py"
+    marker = tmp_path / "failed-once"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys
+        import apache_beam as beam
+        from apache_beam.metrics import Metrics, MetricsFilter
+        from apache_beam.options.pipeline_options import PipelineOptions
+        from sparkbeam import SparkRunner
+
+        def flaky(x):
+            Metrics.counter("ns", "processed").inc()
+            if x == 7 and not os.path.exists({str(marker)!r}):
+                open({str(marker)!r}, "w").close()
+                raise RuntimeError("transient")
+            return x
+
+        p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(
+            ["--spark_master=local[2,3]", "--parallelism=2"]))
+        _ = p | beam.Create(range(20)) | beam.Map(flaky)
+        result = p.run()
+        result.wait_until_finish()
+        (c,) = result.metrics().query(MetricsFilter().with_name("processed"))["counters"]
+        print("COMMITTED", c.committed)
+    """))
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert marker.exists(), "the flaky task never failed, so the test proved nothing"
+    assert "COMMITTED 20" in out.stdout
