@@ -24,7 +24,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
-test: $(STAMP)
+test: $(STAMP) lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 test-fast: $(STAMP)

@@ -13,14 +13,15 @@ class SparkOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser) -> None:  # type: ignore[no-untyped-def]
         def add_argument(flag: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
-            # Beam's FlinkRunnerOptions already defines --parallelism; share it, don't clash.
+            # Beam's FlinkRunnerOptions defines --parallelism too: share it, don't clash.
             if flag not in getattr(parser, "_option_string_actions", {}):
                 parser.add_argument(flag, **kwargs)
 
         add_argument(
             "--spark_master",
             default="local[*]",
-            help="Spark master URL for a new session (local[*], spark://host:port, yarn, k8s://...). "
+            help="Spark master URL for a new session (local[*], spark://host:port, yarn, "
+            "k8s://...). "
             "An active SparkSession is reused when there is one.",
         )
         add_argument(

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
@@ -19,6 +20,9 @@ from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.check import check_pipeline
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan
+
+if TYPE_CHECKING:
+    from sparkbeam.execute.dataset import Datasets
 
 _LOG = logging.getLogger(__name__)
 _JOB_IDS = itertools.count(1)
@@ -65,7 +69,7 @@ class SparkJob:
         self._on_message = on_message or (lambda m: None)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"sparkbeam-{self.job_id}")
-        self._datasets = None
+        self._datasets: Datasets | None = None
 
     def start(self) -> None:
         self._set_state(PipelineState.STARTING)
@@ -85,9 +89,10 @@ class SparkJob:
         try:
             spark_options = self.options.view_as(SparkOptions)
             spark = get_session(spark_options)
-            self._datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
+            datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
+            self._datasets = datasets
             executor = Executor(
-                self._datasets,
+                datasets,
                 ExecutionSettings(
                     bundle_size=max(1, spark_options.bundle_size),
                     bundle_bytes=max(1, spark_options.bundle_bytes),
@@ -208,4 +213,4 @@ class SparkRunner(PipelineRunner):
         return result
 
 
-__all__ = ["SparkRunner", "SparkPipelineResult", "SparkJob", "prepare", "SparkBeamError"]
+__all__ = ["SparkBeamError", "SparkJob", "SparkPipelineResult", "SparkRunner", "prepare"]

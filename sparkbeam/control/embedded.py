@@ -98,10 +98,14 @@ class EmbeddedChannelFactory(data_plane.DataChannelFactory):
     def __init__(self, channel: EmbeddedChannel) -> None:
         self.channel = channel
 
-    def create_data_channel(self, remote_grpc_port: Any, *args: Any, **kwargs: Any) -> EmbeddedChannel:
+    def create_data_channel(
+        self, remote_grpc_port: Any, *args: Any, **kwargs: Any
+    ) -> EmbeddedChannel:
         return self.channel
 
-    def create_data_channel_from_url(self, url: str, **kwargs: Any) -> EmbeddedChannel:
+    def create_data_channel_from_url(
+        self, url: str, data_stream_id: str | None = None
+    ) -> EmbeddedChannel:
         return self.channel
 
     def close(self) -> None:

@@ -171,7 +171,7 @@ def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, Any, bytes]]
         inputs = batch.column(0).to_pylist()
         keys = batch.column(1).to_pylist()
         values = batch.column(2).to_pylist()
-        yield from zip(inputs, keys, values)
+        yield from zip(inputs, keys, values, strict=True)
 
 
 def _to_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:

@@ -138,7 +138,7 @@ class Executor:
                 metrics_pb2.MonitoringInfo.FromString(b)
                 for b in self.ds.collect_tag(out, METRICS_TAG)
             ]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - Py4J/Spark errors are mapped below
             if cancelled.is_set():
                 raise JobCancelledError(f"{job_id} was cancelled during {stage.label}") from None
             raise _stage_error(stage, exc) from None

@@ -25,6 +25,7 @@ from apache_beam.metrics import monitoring_infos
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, metrics_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
+from apache_beam.transforms import userstate
 from apache_beam.utils import timestamp
 
 from sparkbeam.control.embedded import WORKERS, BundleResult, EmbeddedWorker
@@ -68,7 +69,7 @@ def run_stage_task(
             else:
                 yield from driver.run_plain(rows)
             yield from driver.drain_residuals()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure is reported with its payload
             raise RuntimeError(_error_payload(stage, exc)) from None
         for info in monitoring_infos.consolidate(driver.infos):
             yield METRICS_TAG, None, info.SerializeToString()
@@ -102,7 +103,9 @@ class _StageDriver:
             (t.transform_id, t.family_id): ctx.coders[t.coder_id].get_impl()
             for t in self.stage.timers
         }
-        self._timer_domain = {(t.transform_id, t.family_id): t.time_domain for t in self.stage.timers}
+        self._timer_domain = {
+            (t.transform_id, t.family_id): t.time_domain for t in self.stage.timers
+        }
         pcoll_to_input = {}
         for tid in self._input_ids:
             transform = worker.descriptor.transforms[tid]
@@ -120,7 +123,7 @@ class _StageDriver:
         self._residuals: list[tuple[float, int, beam_fn_api_pb2.DelayedBundleApplication]] = []
         self._seq = 0
         # Pending timers of unfinished keys: (transform, family) -> {(key, tag, window): Timer}
-        self._timers: dict[tuple[str, str], dict[tuple, object]] = {}
+        self._timers: dict[tuple[str, str], dict[tuple, userstate.Timer]] = {}
 
     # -- bundles ---------------------------------------------------------------------------
 
@@ -241,7 +244,7 @@ class _StageDriver:
                 raise RuntimeError(
                     f"timers of {self.stage.label} kept re-arming for {_MAX_TIMER_ROUNDS} rounds"
                 )
-            due: dict[bytes, tuple[int, timestamp.Timestamp]] = {}
+            due: dict[bytes, tuple[int, timestamp.Timestamp | None]] = {}
             for family, pending in self._timers.items():
                 domain = self._timer_domain[family]
                 for (key, _tag, _w), timer in pending.items():

@@ -5,12 +5,12 @@ SDK's bundle processor is reported, never silently mis-executed.
 """
 from __future__ import annotations
 
+import logging
+
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 from apache_beam.runners.worker import bundle_processor
-
-import logging
 
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError

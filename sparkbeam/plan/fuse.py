@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from apache_beam.portability.api import (
     beam_fn_api_pb2,
@@ -195,7 +196,8 @@ def _key_coder_id(comps: beam_runner_api_pb2.Components, windowed_id: str, where
 
 
 def _side_input_uses(
-    by_producer: dict, channel_coders: dict[str, str]
+    by_producer: Mapping[str, Mapping[tuple[str, str], tuple[bytes, Any]]],
+    channel_coders: dict[str, str],
 ) -> dict[str, list[SideInputUse]]:
     uses: dict[str, list[SideInputUse]] = {}
     for side_inputs in by_producer.values():
@@ -240,7 +242,8 @@ def _descriptor(
     for t in stage.transforms:
         t = copy.deepcopy(t)
         if t.spec.urn in (urns.DATA_INPUT, urns.DATA_OUTPUT):
-            pcoll = _only(t.outputs.values() if t.spec.urn == urns.DATA_INPUT else t.inputs.values())
+            ends = t.outputs if t.spec.urn == urns.DATA_INPUT else t.inputs
+            pcoll = _only(ends.values())
             port = beam_fn_api_pb2.RemoteGrpcPort(coder_id=channel_coders[pcoll])
             port.api_service_descriptor.url = EMBEDDED_URL
             t.spec.payload = port.SerializeToString()

@@ -4,9 +4,8 @@ Every test that does not pass is a strict xfail with its reason (listed in CONFO
 """
 from __future__ import annotations
 
-import pytest
-
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner_test as beam_suite
 
