@@ -10,6 +10,7 @@ import glob
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 import apache_beam as beam
 from apache_beam.coders import VarIntCoder
@@ -57,7 +58,7 @@ class WriteLinesPerBundle(beam.DoFn):
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix
-        self._file = None
+        self._file: TextIO | None = None
 
     def start_bundle(self) -> None:
         self._file = None
@@ -65,7 +66,8 @@ class WriteLinesPerBundle(beam.DoFn):
     def process(self, line: str) -> None:
         if self._file is None:
             os.makedirs(os.path.dirname(self._prefix) or ".", exist_ok=True)
-            self._file = open(f"{self._prefix}-{uuid.uuid4().hex}", "w", encoding="utf-8")
+            path = f"{self._prefix}-{uuid.uuid4().hex}"
+            self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in finish_bundle
         self._file.write(f"{line}\n")
 
     def finish_bundle(self) -> None:
@@ -123,7 +125,9 @@ def to_timestamped(line: str) -> window.TimestampedValue:
 class FormatSession(beam.DoFn):
     """Formats one session's ``(user, (count, sum))`` with its window bounds."""
 
-    def process(self, kv: tuple[int, tuple[int, int]], win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[str]:
+    def process(
+        self, kv: tuple[int, tuple[int, int]], win: Any = beam.DoFn.WindowParam
+    ) -> Iterator[str]:
         user, (count, total) = kv
         start = win.start.micros // 1_000_000
         end = win.end.micros // 1_000_000
@@ -136,12 +140,19 @@ class BufferUntilTimer(beam.DoFn):
     BUFFER = BagStateSpec("buffer", VarIntCoder())
     FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)  # event time
 
-    def process(self, kv: tuple[int, int], buffer=beam.DoFn.StateParam(BUFFER), flush=beam.DoFn.TimerParam(FLUSH)) -> None:
+    def process(
+        self,
+        kv: tuple[int, int],
+        buffer=beam.DoFn.StateParam(BUFFER),
+        flush=beam.DoFn.TimerParam(FLUSH),
+    ) -> None:
         buffer.add(kv[1])
         flush.set(Timestamp(records.FLUSH_AT_S))
 
     @on_timer(FLUSH)
-    def on_flush(self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER)) -> Iterator[str]:
+    def on_flush(
+        self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER)
+    ) -> Iterator[str]:
         values = list(buffer.read())
         buffer.clear()
         yield f"{key}\t{records.sorted_summary(values)}"
@@ -188,7 +199,8 @@ def _side_input(p: beam.Pipeline, ds: Dataset, read: Reader) -> beam.PCollection
     return (
         p
         | "Read" >> read(ds.inputs["main"])
-        | "Lookup" >> beam.Map(records.join_lookup, beam.pvalue.AsDict(table)).with_output_types(IntPair)
+        | "Lookup"
+        >> beam.Map(records.join_lookup, beam.pvalue.AsDict(table)).with_output_types(IntPair)
         | "Sum" >> beam.CombinePerKey(sum)
         | "Format" >> beam.Map(records.format_kv)
     )

@@ -78,7 +78,9 @@ def join_lookup(line: str, table: dict[int, int]) -> tuple[int, int]:
     return (ident % JOIN_BUCKETS, table[key])
 
 
-def sessionize(events: Iterable[tuple[int, int]], gap: int = SESSION_GAP_S) -> list[tuple[int, int, int, int]]:
+def sessionize(
+    events: Iterable[tuple[int, int]], gap: int = SESSION_GAP_S
+) -> list[tuple[int, int, int, int]]:
     """Splits one user's ``(ts, value)`` events into Beam-style sessions.
 
     Each event opens the window ``[ts, ts + gap)``; windows that overlap are

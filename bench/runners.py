@@ -67,7 +67,9 @@ class Runner:
 class BeamRunner(Runner):
     """Runs the Beam pipeline with a runner object and/or option flags."""
 
-    def __init__(self, runner_factory: Callable[[], Any] | None, flags: list[str], io: str = "beam") -> None:
+    def __init__(
+        self, runner_factory: Callable[[], Any] | None, flags: list[str], io: str = "beam"
+    ) -> None:
         self._runner_factory = runner_factory
         self._flags = flags
         self._io = io
@@ -124,8 +126,13 @@ class Dask(BeamRunner):
 
         from bench.workloads import N_SHARDS
 
-        self._cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-        flags = [f"--dask_client_address={self._cluster.scheduler_address}", f"--dask_npartitions={N_SHARDS}"]
+        self._cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+        flags = [
+            f"--dask_client_address={self._cluster.scheduler_address}",
+            f"--dask_npartitions={N_SHARDS}",
+        ]
         super().__init__(DaskRunner, flags, io)
 
     def stop(self) -> None:

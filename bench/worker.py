@@ -75,9 +75,11 @@ class ChildRssSampler(threading.Thread):
             self.max_py_procs = max(self.max_py_procs, n_py)
 
     def snapshot(self) -> dict[str, float]:
+        """Peaks since the last reset, plus the driver's own peak RSS so far."""
         self.sample()
         with self._lock:
             return {
+                "driver_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "pyworkers_peak_mb": self.peak_py / 2**20,
                 "jvm_peak_mb": self.peak_jvm / 2**20,
                 "max_worker_procs": self.max_py_procs,
@@ -95,6 +97,7 @@ class ChildRssSampler(threading.Thread):
 def first_line(exc: BaseException) -> str:
     """``Type: first line of the message`` (at most 300 characters).
 
+    A message-less exception gets the innermost frame's file, line and source.
     When the message embeds a remote Python traceback (e.g. PySpark's
     ``PythonException``), its last ``...Error: ...`` line is appended as the
     cause, since the first line alone rarely says what went wrong.
@@ -103,6 +106,10 @@ def first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     head = lines[0] if lines else ""
     text = f"{type(exc).__name__}: {head}".rstrip(": ")
+    if not head and exc.__traceback__ is not None:  # e.g. a bare AssertionError
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = os.path.join(*frame.filename.split(os.sep)[-3:])
+        text += f" at {where}:{frame.lineno}: {frame.line}"
     if "Traceback (most recent call last)" in message:
         causes = [ln for ln in lines if _CAUSE.match(ln)]
         if causes and causes[-1] not in head:
@@ -118,7 +125,11 @@ def check_output(pattern: str, expected: dict[str, str]) -> tuple[bool, str]:
     with ``expected``; returns (correct, short explanation)."""
     got: dict[str, str] = {}
     dupes = 0
-    files = [f for f in glob.glob(pattern) if os.path.isfile(f) and not os.path.basename(f).startswith((".", "_"))]
+    files = [
+        f
+        for f in glob.glob(pattern)
+        if os.path.isfile(f) and not os.path.basename(f).startswith((".", "_"))
+    ]
     if not files:
         return False, "no output files"
     for path in files:
@@ -136,7 +147,12 @@ def check_output(pattern: str, expected: dict[str, str]) -> tuple[bool, str]:
     differ = [k for k in expected if k in got and got[k] != expected[k]]
     if not (missing or extra or differ or dupes):
         return True, f"{len(got)} keys match"
-    counts = ((len(missing), "missing"), (len(extra), "extra"), (len(differ), "differ"), (dupes, "duplicated"))
+    counts = (
+        (len(missing), "missing"),
+        (len(extra), "extra"),
+        (len(differ), "differ"),
+        (dupes, "duplicated"),
+    )
     text = ", ".join(f"{n} {what}" for n, what in counts if n) + f" of {len(expected)} keys"
     if differ:
         text += f"; e.g. {differ[0]!r}: got {got[differ[0]]!r}, want {expected[differ[0]]!r}"
@@ -164,9 +180,16 @@ class Session:
 
     def record(self, size: int, **fields: Any) -> dict[str, Any]:
         rec: dict[str, Any] = {
-            "runner": self.runner_name, "workload": self.workload, "size": size,
-            "status": "OK", "error": None, "correct": None, "check": None,
-            "startup_s": None, "run_s": None, "teardown_s": None,
+            "runner": self.runner_name,
+            "workload": self.workload,
+            "size": size,
+            "status": "OK",
+            "error": None,
+            "correct": None,
+            "check": None,
+            "startup_s": None,
+            "run_s": None,
+            "teardown_s": None,
         }
         rec.update(fields)
         self.records.append(rec)
@@ -189,7 +212,9 @@ class Session:
         finally:
             shutil.rmtree(os.path.join(out_dir, "warmup"), ignore_errors=True)
 
-    def run(self, datasets: list[workloads.Dataset], out_dir: str, warm: workloads.Dataset | None) -> None:
+    def run(
+        self, datasets: list[workloads.Dataset], out_dir: str, warm: workloads.Dataset | None
+    ) -> None:
         sampler = ChildRssSampler()
         sampler.start()
         try:
@@ -201,19 +226,38 @@ class Session:
         except BaseException as exc:  # noqa: BLE001 - every failure is reported
             traceback.print_exc()
             for ds in datasets:
-                self.record(ds.size, status="FAILED", error=f"[startup] {first_line(exc)}", **sampler.snapshot())
+                self.record(
+                    ds.size,
+                    status="FAILED",
+                    error=f"[startup] {first_line(exc)}",
+                    **sampler.snapshot(),
+                )
             return
-        warmup = self.warm_up(runner, warm, out_dir) if warm else {"warmup_s": None, "warmup_error": None}
+        warmup = (
+            self.warm_up(runner, warm, out_dir)
+            if warm
+            else {"warmup_s": None, "warmup_error": None}
+        )
         outputs: list[tuple[dict[str, Any], workloads.Dataset, str]] = []
         for ds in datasets:
             if warmup["warmup_error"]:  # the same pipeline: it would fail again
-                self.record(ds.size, status="FAILED", startup_s=startup_s, error=f"[warm-up] {warmup['warmup_error']}",
-                            **warmup, **sampler.snapshot())
+                self.record(
+                    ds.size,
+                    status="FAILED",
+                    startup_s=startup_s,
+                    error=f"[warm-up] {warmup['warmup_error']}",
+                    **warmup,
+                    **sampler.snapshot(),
+                )
                 continue
             sampler.reset()
             out_prefix = os.path.join(out_dir, f"size{ds.size}", "result")
             os.makedirs(os.path.dirname(out_prefix))
-            print(f"--- running {self.runner_name} {ds.workload} size={ds.size}", file=sys.stderr, flush=True)
+            print(
+                f"--- running {self.runner_name} {ds.workload} size={ds.size}",
+                file=sys.stderr,
+                flush=True,
+            )
             t1 = time.perf_counter()
             try:
                 pattern = runner.run(ds, out_prefix)
@@ -222,9 +266,10 @@ class Session:
                 traceback.print_exc()
                 fields, pattern = {"status": "FAILED", "error": f"[run] {first_line(exc)}"}, ""
             fields["output"] = pattern
-            fields["driver_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             fields.update(sampler.snapshot())
-            outputs.append((self.record(ds.size, startup_s=startup_s, **warmup, **fields), ds, pattern))
+            outputs.append(
+                (self.record(ds.size, startup_s=startup_s, **warmup, **fields), ds, pattern)
+            )
         sampler.stop()
         t2 = time.perf_counter()
         try:
@@ -248,12 +293,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--result", required=True)
-    parser.add_argument("--warmup-size", type=int, default=0,
-                        help="run the workload once at this size, untimed, before the timed runs (0: no warm-up)")
+    parser.add_argument(
+        "--warmup-size",
+        type=int,
+        default=0,
+        help="run the workload once at this size, untimed, before the timed runs (0: no warm-up)",
+    )
     args = parser.parse_args(argv)
 
-    datasets = [workloads.dataset(args.workload, size, args.data_dir, args.seed) for size in sorted(args.sizes)]
-    warm = workloads.dataset(args.workload, args.warmup_size, args.data_dir, args.seed) if args.warmup_size else None
+    datasets = [
+        workloads.dataset(args.workload, size, args.data_dir, args.seed)
+        for size in sorted(args.sizes)
+    ]
+    warm = (
+        workloads.dataset(args.workload, args.warmup_size, args.data_dir, args.seed)
+        if args.warmup_size
+        else None
+    )
     shutil.rmtree(args.out_dir, ignore_errors=True)
     os.makedirs(args.out_dir)
     try:

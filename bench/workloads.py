@@ -58,18 +58,42 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("wordcount", "Word count (Zipf words)", "bytes",
-                 {"quick": (MB // 2, MB, 2 * MB), "full": (5 * MB, 50 * MB, 500 * MB)}),
-        Workload("combine", "CombinePerKey(sum), 10k int keys", "elements",
-                 {"quick": (50_000,), "full": (500_000, 5_000_000, 50_000_000)}),
-        Workload("gbk_skew", "GroupByKey, 30% hot key, per-key sort", "elements",
-                 {"quick": (50_000,), "full": (100_000, 1_000_000, 10_000_000)}),
-        Workload("side_input", "Side-input join, 100k-entry AsDict", "elements",
-                 {"quick": (50_000,), "full": (100_000, 1_000_000, 10_000_000)}),
-        Workload("sessions", "Sessions windowing (gap 600 s)", "elements",
-                 {"quick": (20_000,), "full": (10_000, 100_000, 1_000_000)}),
-        Workload("stateful", "Stateful DoFn: bag state + event-time timer", "elements",
-                 {"quick": (20_000,), "full": (10_000, 100_000, 1_000_000)}),
+        Workload(
+            "wordcount",
+            "Word count (Zipf words)",
+            "bytes",
+            {"quick": (MB // 2, MB, 2 * MB), "full": (5 * MB, 50 * MB, 500 * MB)},
+        ),
+        Workload(
+            "combine",
+            "CombinePerKey(sum), 10k int keys",
+            "elements",
+            {"quick": (50_000,), "full": (500_000, 5_000_000, 50_000_000)},
+        ),
+        Workload(
+            "gbk_skew",
+            "GroupByKey, 30% hot key, per-key sort",
+            "elements",
+            {"quick": (50_000,), "full": (100_000, 1_000_000, 10_000_000)},
+        ),
+        Workload(
+            "side_input",
+            "Side-input join, 100k-entry AsDict",
+            "elements",
+            {"quick": (50_000,), "full": (100_000, 1_000_000, 10_000_000)},
+        ),
+        Workload(
+            "sessions",
+            "Sessions windowing (gap 600 s)",
+            "elements",
+            {"quick": (20_000,), "full": (10_000, 100_000, 1_000_000)},
+        ),
+        Workload(
+            "stateful",
+            "Stateful DoFn: bag state + event-time timer",
+            "elements",
+            {"quick": (20_000,), "full": (10_000, 100_000, 1_000_000)},
+        ),
     )
 }
 
@@ -117,7 +141,10 @@ class _ShardWriter:
     """Writes text chunks round-robin over ``N_SHARDS`` files."""
 
     def __init__(self, directory: str) -> None:
-        self._files = [open(os.path.join(directory, f"part-{i:05d}.txt"), "w") for i in range(N_SHARDS)]
+        self._files = [
+            open(os.path.join(directory, f"part-{i:05d}.txt"), "w")  # noqa: SIM115 - closed in close()
+            for i in range(N_SHARDS)
+        ]
         self._next = 0
         self.bytes = 0
 
@@ -148,9 +175,11 @@ def _wordcount(rng: np.random.Generator, size: int, directory: str) -> dict[str,
     vocab_size, words_per_line = 50_000, 12
     lengths = rng.integers(3, 11, size=vocab_size)
     letters = rng.integers(0, 26, size=int(lengths.sum()))
-    vocab, pos, seen = [], 0, set()
+    vocab: list[str] = []
+    seen: set[str] = set()
+    pos = 0
     for n in lengths.tolist():
-        word = "".join(chr(97 + c) for c in letters[pos:pos + n].tolist())
+        word = "".join(chr(97 + c) for c in letters[pos : pos + n].tolist())
         pos += n
         if word in seen:  # keep ranks unique; collisions are rare
             word += f"q{len(vocab)}"
@@ -182,7 +211,7 @@ def _combine(rng: np.random.Generator, size: int, directory: str) -> dict[str, s
         values = rng.integers(0, 1000, size=n)
         sums += _int_bincount(keys, values, n_keys)
         seen += np.bincount(keys, minlength=n_keys)
-        writer.write([f"{k},{v}" for k, v in zip(keys.tolist(), values.tolist())])
+        writer.write([f"{k},{v}" for k, v in zip(keys.tolist(), values.tolist(), strict=True)])
     writer.close()
     return {str(k): str(s) for k, s in enumerate(sums.tolist()) if seen[k]}
 
@@ -193,7 +222,7 @@ def _group_summaries(keys: np.ndarray, values: np.ndarray) -> dict[str, str]:
     keys, values = keys[order], values[order]
     bounds = np.flatnonzero(np.diff(keys)) + 1
     out: dict[str, str] = {}
-    for ks, vs in zip(np.split(keys, bounds), np.split(values, bounds)):
+    for ks, vs in zip(np.split(keys, bounds), np.split(values, bounds), strict=True):
         if len(ks):
             out[str(int(ks[0]))] = records.sorted_summary(vs.tolist())
     return out
@@ -209,7 +238,7 @@ def _gbk_skew(rng: np.random.Generator, size: int, directory: str) -> dict[str, 
         values = rng.integers(0, 1_000_000_000, size=n)
         all_keys.append(keys)
         all_values.append(values)
-        writer.write([f"{k},{v}" for k, v in zip(keys.tolist(), values.tolist())])
+        writer.write([f"{k},{v}" for k, v in zip(keys.tolist(), values.tolist(), strict=True)])
     writer.close()
     return _group_summaries(np.concatenate(all_keys), np.concatenate(all_values))
 
@@ -227,13 +256,17 @@ def _side_input(rng: np.random.Generator, size: int, directory: str) -> dict[str
         ids = np.arange(start, start + n)
         keys = rng.integers(0, table_size, size=n)
         sums += _int_bincount(ids % records.JOIN_BUCKETS, table[keys], records.JOIN_BUCKETS)
-        writer.write([f"{i},{k}" for i, k in zip(ids.tolist(), keys.tolist())])
+        writer.write([f"{i},{k}" for i, k in zip(ids.tolist(), keys.tolist(), strict=True)])
         start += n
     writer.close()
-    return {str(b): str(s) for b, s in enumerate(sums.tolist()) if b < min(size, records.JOIN_BUCKETS)}
+    return {
+        str(b): str(s) for b, s in enumerate(sums.tolist()) if b < min(size, records.JOIN_BUCKETS)
+    }
 
 
-def _events(rng: np.random.Generator, size: int, directory: str, max_value: int) -> tuple[np.ndarray, ...]:
+def _events(
+    rng: np.random.Generator, size: int, directory: str, max_value: int
+) -> tuple[np.ndarray, ...]:
     """``key,ts,value`` lines; about 100 events per key over ``TIME_SPAN_S``."""
     n_keys = max(10, size // 100)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -243,9 +276,14 @@ def _events(rng: np.random.Generator, size: int, directory: str, max_value: int)
         ts = rng.integers(0, records.TIME_SPAN_S, size=n)
         values = rng.integers(0, max_value, size=n)
         parts.append((keys, ts, values))
-        writer.write([f"{k},{t},{v}" for k, t, v in zip(keys.tolist(), ts.tolist(), values.tolist())])
+        writer.write(
+            [
+                f"{k},{t},{v}"
+                for k, t, v in zip(keys.tolist(), ts.tolist(), values.tolist(), strict=True)
+            ]
+        )
     writer.close()
-    return tuple(np.concatenate(col) for col in zip(*parts))
+    return tuple(np.concatenate(col) for col in zip(*parts, strict=True))
 
 
 def _sessions(rng: np.random.Generator, size: int, directory: str) -> dict[str, str]:
@@ -254,9 +292,11 @@ def _sessions(rng: np.random.Generator, size: int, directory: str) -> dict[str, 
     keys, ts, values = keys[order], ts[order], values[order]
     bounds = np.flatnonzero(np.diff(keys)) + 1
     out: dict[str, str] = {}
-    for ks, t, v in zip(np.split(keys, bounds), np.split(ts, bounds), np.split(values, bounds)):
+    for ks, t, v in zip(
+        np.split(keys, bounds), np.split(ts, bounds), np.split(values, bounds), strict=True
+    ):
         if len(ks):
-            line_kv = (int(ks[0]), list(zip(t.tolist(), v.tolist())))
+            line_kv = (int(ks[0]), list(zip(t.tolist(), v.tolist(), strict=True)))
             for line in records.session_lines(line_kv):
                 key, value = line.split("\t")
                 out[key] = value

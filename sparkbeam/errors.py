@@ -68,3 +68,12 @@ class ExecutionError(SparkBeamError):
 
 class JobCancelledError(SparkBeamError):
     """The job was cancelled while it ran."""
+
+
+class JobNotFoundError(SparkBeamError):
+    """No job or preparation has the id a Job API request named."""
+
+
+class JobStateError(SparkBeamError):
+    """A request does not fit the job's current state (run twice, drain a batch job, run
+    a job whose artifacts were not staged, ...)."""

@@ -24,7 +24,7 @@ def _union_payload(type_urn: str, a: bytes, b: bytes) -> bytes:
     return b  # other kinds without a combiner: the latest report wins
 
 
-def _merge(infos: Iterable[metrics_pb2.MonitoringInfo]) -> list[metrics_pb2.MonitoringInfo]:
+def merge_infos(infos: Iterable[metrics_pb2.MonitoringInfo]) -> list[metrics_pb2.MonitoringInfo]:
     """Merges the monitoring infos of many bundles and tasks into one per metric."""
     merged: dict = {}
     rest = []
@@ -56,9 +56,9 @@ class SparkMetrics(MetricResults):
         attempted: Iterable[metrics_pb2.MonitoringInfo] | None = None,
         user_metrics_only: bool = True,
     ) -> None:
-        self.committed_infos = _merge(committed)
+        self.committed_infos = merge_infos(committed)
         self.attempted_infos = (
-            _merge(attempted) if attempted is not None else list(self.committed_infos)
+            merge_infos(attempted) if attempted is not None else list(self.committed_infos)
         )
         self._committed = self._split(self.committed_infos, user_metrics_only)
         self._attempted = self._split(self.attempted_infos, user_metrics_only)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -14,6 +15,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 from apache_beam.transforms import environments
 
+from sparkbeam.control.metrics_channel import MetricsCollector, shared_collector
 from sparkbeam.errors import JobCancelledError, SparkBeamError
 from sparkbeam.metrics import SparkMetrics
 from sparkbeam.options import SparkOptions, positive_or_none
@@ -70,6 +72,7 @@ class SparkJob:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"sparkbeam-{self.job_id}")
         self._datasets: Datasets | None = None
+        self._collector: MetricsCollector | None = None
 
     def start(self) -> None:
         self._set_state(PipelineState.STARTING)
@@ -91,11 +94,13 @@ class SparkJob:
             spark = get_session(spark_options)
             datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
             self._datasets = datasets
+            self._collector = shared_collector(datasets.driver_host())
             executor = Executor(
                 datasets,
                 ExecutionSettings(
                     bundle_size=max(1, spark_options.bundle_size),
                     bundle_bytes=max(1, spark_options.bundle_bytes),
+                    metrics_address=self._collector.address,
                 ),
             )
             self._set_state(PipelineState.RUNNING)
@@ -134,7 +139,19 @@ class SparkJob:
             self._set_state(PipelineState.CANCELLED)
 
     def metrics(self) -> SparkMetrics:
-        return SparkMetrics(self.progress.snapshot())
+        """Committed: the metric rows of successful attempts. Attempted: those plus the live
+        reports of every other attempt (failed, retried, or still running)."""
+        committed = self.progress.snapshot()
+        if self._collector is None:
+            return SparkMetrics(committed)
+        done = self.progress.committed_keys()
+        others = [
+            info
+            for key, infos in self._collector.reports(self.job_id).items()
+            if json.dumps(key.__dict__).encode() not in done
+            for info in infos
+        ]
+        return SparkMetrics(committed, committed + others)
 
 
 class SparkPipelineResult(PipelineResult):

@@ -167,6 +167,7 @@ class EmbeddedWorker:
     channel: EmbeddedChannel = field(default_factory=EmbeddedChannel)
     state: TaskStateHandler = field(default_factory=TaskStateHandler)
     processor: bundle_processor.BundleProcessor | None = None
+    failed_bundle_infos: list[metrics_pb2.MonitoringInfo] = field(default_factory=list)
     _ids: Iterator[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -181,7 +182,13 @@ class EmbeddedWorker:
         instruction_id = bundle_label or f"{self.descriptor.id}-{next(self._ids):06d}"
         self.channel.start_bundle(inputs)
         with self.processor.state_handler.process_instruction_id(instruction_id, []):
-            residuals, needs_finalization = self.processor.process_bundle(instruction_id)
+            try:
+                residuals, needs_finalization = self.processor.process_bundle(instruction_id)
+            except BaseException:
+                # What the failed bundle did still counts as attempted.
+                with contextlib.suppress(Exception):
+                    self.failed_bundle_infos = list(self.processor.monitoring_infos())
+                raise
             infos = list(self.processor.monitoring_infos())
         if needs_finalization:
             self.processor.finalize_bundle()

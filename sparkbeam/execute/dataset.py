@@ -105,18 +105,33 @@ class Datasets:
     # -- running stages ---------------------------------------------------------------------
 
     def map_stage(
-        self, df: DataFrame, task: Callable[[Iterator[tuple[int, Any, bytes]]], Iterator[tuple]]
+        self,
+        df: DataFrame,
+        task: Callable[[Iterator[tuple[int, Any, bytes]], tuple[int, int, int]], Iterator[tuple]],
     ) -> DataFrame:
-        """Runs `task` over each partition's rows; its output is persisted once, so every
-        consumer reads it without recomputing (which would repeat side effects and metrics)."""
+        """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,
+        partition id, attempt number). The output is persisted once, so every consumer reads
+        it without recomputing (which would repeat side effects and metrics)."""
 
         def arrow_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            yield from _to_batches(task(_rows(batches)))
+            from pyspark import TaskContext
+
+            tc = TaskContext.get()
+            attempt = (tc.stageId(), tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
+            yield from _to_batches(task(_rows(batches), attempt))
 
         return df.mapInArrow(arrow_task, OUT_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
 
-    def collect_tag(self, df: DataFrame, tag: int) -> list[bytes]:
-        return [bytes(r.value) for r in df.where(F.col("tag") == tag).select("value").collect()]
+    def collect_tag(self, df: DataFrame, tag: int) -> list[tuple[bytes | None, bytes]]:
+        rows = df.where(F.col("tag") == tag).select("key", "value").collect()
+        return [(None if r.key is None else bytes(r.key), bytes(r.value)) for r in rows]
+
+    def driver_host(self) -> str:
+        """Where tasks can reach the driver (for live metrics)."""
+        try:
+            return str(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
+        except Exception:  # noqa: BLE001 - Connect sessions may not expose it
+            return "127.0.0.1"
 
     def collect_values(self, df: DataFrame) -> list[bytes]:
         return [bytes(r.value) for r in df.select("value").collect()]

@@ -34,12 +34,18 @@ class Progress:
     stages_total: int = 0
     current: str = ""
     infos: list[metrics_pb2.MonitoringInfo] = field(default_factory=list)
+    committed_attempts: set[bytes] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, infos: list[metrics_pb2.MonitoringInfo]) -> None:
+    def add(self, infos: list[metrics_pb2.MonitoringInfo], attempts: set[bytes]) -> None:
         with self.lock:
             self.infos.extend(infos)
+            self.committed_attempts |= attempts
             self.stages_done += 1
+
+    def committed_keys(self) -> set[bytes]:
+        with self.lock:
+            return set(self.committed_attempts)
 
     def snapshot(self) -> list[metrics_pb2.MonitoringInfo]:
         with self.lock:
@@ -50,11 +56,14 @@ class Progress:
 class ExecutionSettings:
     bundle_size: int
     bundle_bytes: int
+    metrics_address: str | None = None
 
 
-def _task(spec: TaskSpec, shipped: Any, rows: Iterator[tuple]) -> Iterator[tuple]:
+def _task(
+    spec: TaskSpec, shipped: Any, rows: Iterator[tuple], attempt: tuple[int, int, int]
+) -> Iterator[tuple]:
     side = shipped.value if shipped is not None else {}
-    return run_stage_task(spec, rows, side)
+    return run_stage_task(spec, rows, side, attempt)
 
 
 class Executor:
@@ -130,19 +139,20 @@ class Executor:
             pickle_library=plan.pickle_library,
             bundle_size=self.settings.bundle_size,
             bundle_bytes=self.settings.bundle_bytes,
+            job_id=job_id,
+            metrics_address=self.settings.metrics_address,
         )
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped))
         self.ds.describe(f"{job_id} {stage.display}")
         try:
-            infos = [
-                metrics_pb2.MonitoringInfo.FromString(b)
-                for b in self.ds.collect_tag(out, METRICS_TAG)
-            ]
+            rows = self.ds.collect_tag(out, METRICS_TAG)
+            infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in rows]
+            attempts = {key for key, _ in rows if key is not None}
         except Exception as exc:  # noqa: BLE001 - Py4J/Spark errors are mapped below
             if cancelled.is_set():
                 raise JobCancelledError(f"{job_id} was cancelled during {stage.label}") from None
             raise _stage_error(stage, exc) from None
-        progress.add(infos)
+        progress.add(infos, attempts)
         for index, output in enumerate(stage.outputs):
             buffers.setdefault(output.buffer_id, []).append(self.ds.select_tag(out, index))
         return out

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from apache_beam.coders.coder_impl import create_OutputStream
-from apache_beam.metrics import monitoring_infos
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, metrics_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
@@ -29,7 +28,9 @@ from apache_beam.transforms import userstate
 from apache_beam.utils import timestamp
 
 from sparkbeam.control.embedded import WORKERS, BundleResult, EmbeddedWorker
+from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.execute import worker_context
+from sparkbeam.metrics import merge_infos
 from sparkbeam.plan.model import Grouping, Stage
 
 TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
@@ -52,17 +53,28 @@ class TaskSpec:
     pickle_library: str
     bundle_size: int
     bundle_bytes: int
+    job_id: str = ""
+    metrics_address: str | None = None  # driver's MetricsCollector, for attempted metrics
 
 
 def run_stage_task(
-    spec: TaskSpec, rows: Iterable[Row], side_inputs: dict[bytes, list[bytes]]
+    spec: TaskSpec,
+    rows: Iterable[Row],
+    side_inputs: dict[bytes, list[bytes]],
+    attempt: tuple[int, int, int] = (0, 0, 0),
 ) -> Iterator[OutRow]:
-    """Runs one partition of `spec.stage`; yields output rows, then metric rows."""
+    """Runs one partition of `spec.stage`; yields output rows, then metric rows.
+
+    `attempt` is Spark's (stage id, partition id, attempt number) of this task; metric rows
+    carry it as their key, so the driver can tell committed attempts from the others.
+    """
     worker_context.prepare(spec.pickle_library)
     stage = spec.stage
+    key = AttemptKey(spec.job_id, stage.label, *attempt)
+    reporter = MetricsReporter(spec.metrics_address, key) if spec.metrics_address else None
     with WORKERS.lease(stage.descriptor) as worker:
         worker.state.bind_side_inputs(side_inputs)
-        driver = _StageDriver(spec, worker)
+        driver = _StageDriver(spec, worker, reporter)
         try:
             if stage.keyed_input:
                 yield from driver.run_keyed(rows)
@@ -70,16 +82,25 @@ def run_stage_task(
                 yield from driver.run_plain(rows)
             yield from driver.drain_residuals()
         except Exception as exc:  # noqa: BLE001 - any failure is reported with its payload
+            if reporter is not None:
+                reporter.report(driver.infos + worker.failed_bundle_infos, final=True)
             raise RuntimeError(_error_payload(stage, exc)) from None
-        for info in monitoring_infos.consolidate(driver.infos):
-            yield METRICS_TAG, None, info.SerializeToString()
+        infos = merge_infos(driver.infos)
+        if reporter is not None:
+            reporter.report(infos, final=True)
+        encoded_key = json.dumps(key.__dict__).encode()
+        for info in infos:
+            yield METRICS_TAG, encoded_key, info.SerializeToString()
 
 
 class _StageDriver:
     """Builds bundles from rows, runs them, and turns their results into output rows."""
 
-    def __init__(self, spec: TaskSpec, worker: EmbeddedWorker) -> None:
+    def __init__(
+        self, spec: TaskSpec, worker: EmbeddedWorker, reporter: MetricsReporter | None = None
+    ) -> None:
         self.spec = spec
+        self.reporter = reporter
         self.stage = spec.stage
         self.worker = worker
         self.infos: list[metrics_pb2.MonitoringInfo] = []
@@ -131,6 +152,10 @@ class _StageDriver:
              ) -> Iterator[OutRow]:
         result: BundleResult = self.worker.process(inputs)
         self.infos.extend(result.monitoring_infos)
+        if len(self.infos) > 2000:
+            self.infos = merge_infos(self.infos)
+        if self.reporter is not None:
+            self.reporter.report(self.infos)
         now = time.time()
         for residual in result.residuals:
             delay = residual.requested_time_delay.ToTimedelta().total_seconds()

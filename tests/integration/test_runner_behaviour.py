@@ -157,11 +157,13 @@ def test_task_retries_do_not_double_count_committed_metrics(tmp_path) -> None:  
         result = p.run()
         result.wait_until_finish()
         (c,) = result.metrics().query(MetricsFilter().with_name("processed"))["counters"]
-        print("COMMITTED", c.committed)
+        print("COMMITTED", c.committed, "ATTEMPTED", c.attempted)
     """))
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=240, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert marker.exists(), "the flaky task never failed, so the test proved nothing"
-    assert "COMMITTED 20" in out.stdout
+    assert "COMMITTED 20 ATTEMPTED" in out.stdout
+    attempted = int(out.stdout.split("ATTEMPTED")[1].split()[0])
+    assert attempted > 20, "the failed attempt's work must count as attempted"

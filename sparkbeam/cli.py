@@ -1,0 +1,62 @@
+"""`sparkbeam run | job-server | bench`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import runpy
+import subprocess
+import sys
+
+_RUNNER_FLAG = "--runner=sparkbeam.SparkRunner"
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Runs a pipeline script on the in-process SparkRunner (its own flags follow `--`)."""
+    pipeline_args = list(args.pipeline_args)
+    if pipeline_args[:1] == ["--"]:
+        pipeline_args = pipeline_args[1:]
+    if not any(a.startswith("--runner") for a in pipeline_args):
+        pipeline_args.append(_RUNNER_FLAG)
+    sys.argv = [args.script, *pipeline_args]
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
+def _job_server(args: argparse.Namespace) -> int:
+    from sparkbeam.jobservice import server  # type: ignore[attr-defined]  # lazily: heavy
+
+    from sparkbeam.spark_executor import SparkJobExecutor
+
+    argv = ["--port", str(args.port), "--host", args.host]
+    if args.artifacts_dir:
+        argv += ["--artifacts-dir", args.artifacts_dir]
+    return int(server.main(argv, executor_factory=SparkJobExecutor) or 0)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    command = [sys.executable, "-m", "bench.run", "--scale", args.scale]
+    return subprocess.call(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparkbeam", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a Beam pipeline script on Spark")
+    run.add_argument("script")
+    run.add_argument("pipeline_args", nargs=argparse.REMAINDER)
+    run.set_defaults(func=_run)
+    js = sub.add_parser("job-server", help="serve Beam's Job API (PortableRunner clients)")
+    js.add_argument("--port", type=int, default=8099)
+    js.add_argument("--host", default="127.0.0.1")
+    js.add_argument("--artifacts-dir", default=None)
+    js.set_defaults(func=_job_server)
+    bench = sub.add_parser("bench", help="run the benchmarks against the peers")
+    bench.add_argument("--scale", default="quick", choices=["quick", "full"])
+    bench.set_defaults(func=_bench)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
