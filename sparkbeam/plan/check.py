@@ -39,6 +39,14 @@ def supported_transform_urns() -> dict[str, str]:
     return table
 
 
+def support_table_markdown() -> str:
+    """The README's support table, generated from the rules above."""
+    lines = ["| transform URN | how it runs |", "|---|---|"]
+    for urn, how in supported_transform_urns().items():
+        lines.append(f"| `{urn}` | {how} |")
+    return "\n".join(lines)
+
+
 def find_unsupported(
     proto: beam_runner_api_pb2.Pipeline, *, streaming: bool = False
 ) -> list[Unsupported]:
