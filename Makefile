@@ -42,5 +42,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy sparkbeam
 
+bench: $(STAMP)
+	bash bench/install.sh $(PY)
+	$(PY) -m bench.run --scale full
+
+bench-quick: $(STAMP)
+	bash bench/install.sh $(PY)
+	$(PY) -m bench.run --scale quick
+
 clean:
 	rm -rf $(VENV) out build *.egg-info

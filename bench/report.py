@@ -183,7 +183,14 @@ def _header_section(results: dict[str, Any], order: list[str]) -> list[str]:
             f"- {inv['date']}: `python -m bench.run {' '.join(inv['argv'])}` "
             f"(scale `{inv['scale']}`, seed {inv['seed']}, timeout {inv['timeout_s']:g} s "
             f"per size, {warm} warm-up) took {inv['harness_wall_s'] / 60:.1f} min"
+            + (
+                " (1-min load average at start/end: {:.1f}/{:.1f})".format(*inv["loadavg_1min"])
+                if "loadavg_1min" in inv
+                else ""
+            )
         )
+    if results.get("notes"):
+        out += ["", "## Notes", "", *(f"- {note}" for note in results["notes"])]
     out += ["", "## Machine", "", f"- `nproc`: {last['nproc']}"]
     out += [f"- CPU: {last['cpu']}; kernel {last['kernel']}", "- `free -m`:", ""]
     out += ["```", last["free"], "```", "", "## Versions", ""]

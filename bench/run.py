@@ -41,7 +41,7 @@ DEFAULT_RUNNERS = [
     "beam-pyspark-runner",
 ]
 EXTRA_RUNNERS = ["dask-beamio"]
-DEFAULT_TIMEOUT = {"quick": 180, "full": 3600}
+DEFAULT_TIMEOUT = {"quick": 180, "full": 1800}
 POLL_S = 0.5
 
 
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"default: {', '.join(DEFAULT_RUNNERS)}; also: {', '.join(EXTRA_RUNNERS)}",
     )
     parser.add_argument(
-        "--timeout", type=float, help="seconds per size (default: quick 180, full 3600)"
+        "--timeout", type=float, help="seconds per size (default: quick 180, full 1800)"
     )
     parser.add_argument(
         "--warmup",
@@ -92,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--append",
         action="store_true",
         help="merge into an existing results.json instead of replacing it",
+    )
+    parser.add_argument(
+        "--note", action="append", default=[], help="a note to show in RESULTS.md (repeatable)"
     )
     parser.add_argument(
         "--report-only", action="store_true", help="only re-render RESULTS.md/png from results.json"
@@ -336,12 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     results_path = os.path.join(args.output_dir, "results.json")
     if args.report_only:
         with open(results_path) as f:
-            report.write_all(json.load(f), args.output_dir)
+            saved: dict[str, Any] = json.load(f)
+        if args.note:
+            saved["notes"] = saved.get("notes", []) + args.note
+            with open(results_path, "w") as f:
+                json.dump(saved, f, indent=1)
+        report.write_all(saved, args.output_dir)
         return 0
 
     for sub in ("data", "logs", "results", "out"):
         os.makedirs(os.path.join(args.work_dir, sub), exist_ok=True)
     started = time.monotonic()
+    load_start = os.getloadavg()[0]
     chosen = [workloads.WORKLOADS[name] for name in args.workloads]
     plan = [(wl, list(wl.sizes[args.scale])) for wl in chosen]
     total = sum(len(sizes) for _, sizes in plan) * len(args.runners)
@@ -375,9 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         "runners": args.runners,
         "workloads": args.workloads,
         "harness_wall_s": time.monotonic() - started,
+        "loadavg_1min": [load_start, os.getloadavg()[0]],
         **environment(),
     }
-    results: dict[str, Any] = {"invocations": [invocation], "runs": runs}
+    results: dict[str, Any] = {"invocations": [invocation], "runs": runs, "notes": args.note}
     if args.append and os.path.exists(results_path):
         with open(results_path) as f:
             old = json.load(f)
@@ -385,7 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         kept = [
             r for r in old.get("runs", []) if (r["runner"], r["workload"], r["size"]) not in keys
         ]
-        results = {"invocations": old.get("invocations", []) + [invocation], "runs": kept + runs}
+        results = {
+            "invocations": old.get("invocations", []) + [invocation],
+            "runs": kept + runs,
+            "notes": old.get("notes", []) + args.note,
+        }
     os.makedirs(args.output_dir, exist_ok=True)
     with open(results_path, "w") as f:
         json.dump(results, f, indent=1)

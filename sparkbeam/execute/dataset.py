@@ -99,6 +99,15 @@ class Datasets:
         """Rows dealt round-robin over the partitions (initial splits of splittable DoFns)."""
         return df.repartition(self.parallelism)
 
+    def union_tagged(self, dfs: list[DataFrame]) -> DataFrame:
+        """Stage outputs (tag, key, value) unioned, for one action over all of them."""
+        if not dfs:
+            return self.spark.createDataFrame([], OUT_SCHEMA)
+        out = dfs[0]
+        for df in dfs[1:]:
+            out = out.unionByName(df)
+        return out
+
     def select_tag(self, df: DataFrame, tag: int) -> DataFrame:
         return df.where(F.col("tag") == tag).select("key", "value")
 

@@ -37,11 +37,13 @@ class Progress:
     committed_attempts: set[bytes] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, infos: list[metrics_pb2.MonitoringInfo], attempts: set[bytes]) -> None:
+    def add(
+        self, infos: list[metrics_pb2.MonitoringInfo], attempts: set[bytes], stages: int = 1
+    ) -> None:
         with self.lock:
             self.infos.extend(infos)
             self.committed_attempts |= attempts
-            self.stages_done += 1
+            self.stages_done += stages
 
     def committed_keys(self) -> set[bytes]:
         with self.lock:
@@ -67,7 +69,14 @@ def _task(
 
 
 class Executor:
-    """Executes plans on one Datasets (SparkSession)."""
+    """Executes plans on one Datasets (SparkSession).
+
+    Stages are declared in topological order as persisted DataFrames; Spark computes each one
+    when something first needs it: a side input being collected, or the final job that gathers
+    every stage's metric rows (which also runs the stages nothing else reads, the sinks). One
+    Spark action per side input plus one at the end, instead of one per stage: small stages
+    cost little, and independent stages run side by side in the same Spark job.
+    """
 
     def __init__(self, datasets: Datasets, settings: ExecutionSettings) -> None:
         self.ds = datasets
@@ -83,7 +92,7 @@ class Executor:
     ) -> None:
         buffers: dict[bytes, list[Any]] = {}
         materialised: dict[bytes, list[bytes]] = {}
-        persisted: list[Any] = []
+        outputs: list[tuple[Stage, Any]] = []
         progress.stages_total = len(plan.stages)
         ctx = worker_context.pipeline_context(plan.components)
         try:
@@ -92,15 +101,41 @@ class Executor:
                     if cancelled.is_set():
                         raise JobCancelledError(f"{job_id} was cancelled before {stage.label}")
                     progress.current = stage.display
-                    log(f"running {stage.display}")
-                    out = self._run_stage(plan, stage, buffers, materialised, ctx, job_id,
-                                          progress, cancelled)
-                    persisted.append(out)
+                    log(f"planning {stage.display}")
+                    out = self._declare_stage(
+                        plan, stage, buffers, materialised, ctx, job_id, cancelled
+                    )
+                    outputs.append((stage, out))
+                log(f"running {len(outputs)} stage(s)")
+                self.ds.describe(f"{job_id}: run stages, gather metrics")
+                rows = self._act(
+                    lambda: self.ds.collect_tag(
+                        self.ds.union_tagged([out for _, out in outputs]), METRICS_TAG
+                    ),
+                    None, job_id, cancelled,
+                )
+            infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in rows]
+            progress.add(infos, {key for key, _ in rows if key is not None}, len(outputs))
         finally:
-            for df in persisted:
+            for _, df in outputs:
                 self.ds.release(df)
 
-    def _run_stage(
+    def _act(
+        self,
+        action: Callable[[], Any],
+        stage: Stage | None,
+        job_id: str,
+        cancelled: threading.Event,
+    ) -> Any:
+        """Runs a Spark action; a failure names the stage whose task failed."""
+        try:
+            return action()
+        except Exception as exc:  # noqa: BLE001 - Py4J/Spark errors are mapped below
+            if cancelled.is_set():
+                raise JobCancelledError(f"{job_id} was cancelled while running") from None
+            raise _stage_error(stage, exc) from None
+
+    def _declare_stage(
         self,
         plan: Plan,
         stage: Stage,
@@ -108,7 +143,6 @@ class Executor:
         materialised: dict[bytes, list[bytes]],
         ctx: Any,
         job_id: str,
-        progress: Progress,
         cancelled: threading.Event,
     ) -> Any:
         inputs = []
@@ -127,8 +161,11 @@ class Executor:
         if stage.side_inputs:
             for use in stage.side_inputs:
                 if use.buffer_id not in materialised:
-                    materialised[use.buffer_id] = self.ds.collect_values(
-                        self.ds.union(buffers.get(use.buffer_id, []))
+                    self.ds.describe(f"{job_id}: side input for {stage.display}")
+                    source = self.ds.union(buffers.get(use.buffer_id, []))
+                    materialised[use.buffer_id] = self._act(
+                        functools.partial(self.ds.collect_values, source),
+                        stage, job_id, cancelled,
                     )
             shipped = self.ds.ship(side_input_state(stage.side_inputs, materialised, ctx))
         spec = TaskSpec(
@@ -143,22 +180,12 @@ class Executor:
             metrics_address=self.settings.metrics_address,
         )
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped))
-        self.ds.describe(f"{job_id} {stage.display}")
-        try:
-            rows = self.ds.collect_tag(out, METRICS_TAG)
-            infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in rows]
-            attempts = {key for key, _ in rows if key is not None}
-        except Exception as exc:  # noqa: BLE001 - Py4J/Spark errors are mapped below
-            if cancelled.is_set():
-                raise JobCancelledError(f"{job_id} was cancelled during {stage.label}") from None
-            raise _stage_error(stage, exc) from None
-        progress.add(infos, attempts)
         for index, output in enumerate(stage.outputs):
             buffers.setdefault(output.buffer_id, []).append(self.ds.select_tag(out, index))
         return out
 
 
-def _stage_error(stage: Stage, exc: BaseException) -> Exception:
+def _stage_error(stage: Stage | None, exc: BaseException) -> Exception:
     text = str(exc)
     payload = parse_error_payload(text)
     if payload is not None:
@@ -171,4 +198,5 @@ def _stage_error(stage: Stage, exc: BaseException) -> Exception:
         )
     lines = [ln for ln in text.splitlines() if ln.strip()]
     summary = "\n".join(lines[:3] + (["..."] if len(lines) > 6 else []) + lines[-3:])
-    return ExecutionError(f"Spark failed to run {stage.display}: {type(exc).__name__}: {summary}")
+    where = stage.display if stage is not None else "the job"
+    return ExecutionError(f"Spark failed while running {where}: {type(exc).__name__}: {summary}")
