@@ -77,3 +77,7 @@ class JobNotFoundError(SparkBeamError):
 class JobStateError(SparkBeamError):
     """A request does not fit the job's current state (run twice, drain a batch job, run
     a job whose artifacts were not staged, ...)."""
+
+
+class ArtifactStagingError(SparkBeamError):
+    """Staging a job's artifacts failed (client, transfer or storage); carries the root cause."""

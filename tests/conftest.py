@@ -17,8 +17,14 @@ def shared_spark():
     if not _SESSION:
         from pyspark.sql import SparkSession
 
+        from sparkbeam.execute.dataset import session_config
+
+        builder = SparkSession.builder
+        for key, value in session_config().items():
+            builder = builder.config(key, value)
         spark = (
-            SparkSession.builder.master(os.environ.get("SPARKBEAM_TEST_MASTER", "local[2]"))
+            builder
+            .master(os.environ.get("SPARKBEAM_TEST_MASTER", "local[2]"))
             .appName("sparkbeam-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")

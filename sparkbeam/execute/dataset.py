@@ -45,6 +45,16 @@ _BATCH_ROWS = 8192
 _BATCH_BYTES = 16 << 20
 
 
+def session_config() -> dict[str, str]:
+    """Static Spark settings sparkbeam applies to sessions it creates (also for tests)."""
+    return {
+        # Workers forked from a daemon that has already imported Beam start warm.
+        "spark.python.daemon.module": "sparkbeam.execute.daemon",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
 def get_session(options: SparkOptions) -> SparkSession:
     """The active SparkSession if there is one, else a new one from the options."""
     active = SparkSession.getActiveSession()
@@ -55,8 +65,7 @@ def get_session(options: SparkOptions) -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master(options.spark_master).appName(options.spark_app_name)
     defaults = {
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
-        "spark.ui.showConsoleProgress": "false",
+        **session_config(),
         "spark.sql.shuffle.partitions": str(positive_or_none(options.parallelism) or 8),
     }
     for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
