@@ -23,7 +23,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _job_server(args: argparse.Namespace) -> int:
-    from sparkbeam.jobservice import server  # type: ignore[attr-defined]  # lazily: heavy
+    from sparkbeam.jobservice import server
 
     from sparkbeam.spark_executor import SparkJobExecutor
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import logging
 import threading
@@ -57,6 +58,8 @@ class SparkJob:
         options: pipeline_options.PipelineOptions,
         job_id: str | None = None,
         on_message: Callable[[str], None] | None = None,
+        on_state: Callable[[str], None] | None = None,
+        py_files: list[str] | None = None,
     ) -> None:
         from sparkbeam.execute.executor import Progress
 
@@ -69,6 +72,8 @@ class SparkJob:
         self.cancelled = threading.Event()
         self._done = threading.Event()
         self._on_message = on_message or (lambda m: None)
+        self._on_state = on_state or (lambda s: None)
+        self._py_files = list(py_files or [])
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"sparkbeam-{self.job_id}")
         self._datasets: Datasets | None = None
@@ -83,6 +88,7 @@ class SparkJob:
             if self.state in TERMINAL:
                 return  # terminal states are sticky
             self.state = state
+        self._on_state(state)
         self._on_message(f"{self.job_id} is {state}")
 
     def _run(self) -> None:
@@ -94,6 +100,9 @@ class SparkJob:
             spark = get_session(spark_options)
             datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
             self._datasets = datasets
+            for path in self._py_files:
+                datasets.add_py_file(path)
+                self._log(f"{self.job_id}: shipped {os.path.basename(path)} to the executors")
             self._collector = shared_collector(datasets.driver_host())
             executor = Executor(
                 datasets,

@@ -158,6 +158,10 @@ class Datasets:
         with contextlib.suppress(Exception):
             df.unpersist(blocking=False)
 
+    def add_py_file(self, path: str) -> None:
+        """Makes an importable archive (wheel, zip, egg) available to every executor."""
+        self.spark.sparkContext.addPyFile(path)
+
     def ship(self, value: Any) -> Any:
         """Makes `value` available to tasks: a broadcast on classic Spark."""
         return _Shipped(self.spark.sparkContext.broadcast(value))

@@ -195,12 +195,16 @@ class JobStateMachine:
 
     # -- one method per event ------------------------------------------------------------------
 
-    def _run_requested(self) -> list[Instruction]:
+    def check_can_run(self) -> None:
+        """Raises JobStateError unless a RunRequested would be accepted now (a pure query)."""
         if self.state != STOPPED or self.run_requested:
             raise JobStateError(
                 f"{self.job_id} cannot Run: it is {state_name(self.state)}, expected STOPPED "
                 "(a job runs once; prepare it again to rerun it)"
             )
+
+    def _run_requested(self) -> list[Instruction]:
+        self.check_can_run()
         self.run_requested = True
         return [self._move(STARTING), StartRun()]
 
@@ -215,6 +219,11 @@ class JobStateMachine:
         return [CancelRun()] if self.cancel_requested and not is_terminal(self.state) else []
 
     def _executor_reported(self, new: int, value: str) -> list[Instruction]:
+        if not self.run_requested:
+            raise JobStateError(
+                f"{self.job_id}: the executor reported {value} for a job that was not run "
+                f"(state {state_name(self.state)})"
+            )
         if new in TERMINAL:
             return []  # the end of a run is taken from RunEnded, which carries the error
         if new == self.state:

@@ -1,0 +1,222 @@
+"""`sparkbeam job-server`: the Job API and artifact services on one gRPC server.
+
+    server = JobServer(executor)          # any JobExecutor; the CLI injects the Spark one
+    port = server.start()                 # 127.0.0.1, a free port unless one is given
+    ...                                   # clients: --runner=PortableRunner
+    server.stop()                         #   --job_endpoint=localhost:<port>
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from types import FrameType, TracebackType
+
+import grpc
+from apache_beam.portability.api import beam_artifact_api_pb2_grpc, beam_job_api_pb2_grpc
+
+from sparkbeam.errors import SparkBeamError
+from sparkbeam.jobservice.manager import STAGING_GRACE_SECONDS, JobManager
+from sparkbeam.jobservice.protocol import JobExecutor
+from sparkbeam.jobservice.servicer import JobService
+from sparkbeam.jobservice.staging import new_artifact_services
+
+_LOGGER = logging.getLogger(__name__)
+
+# Each open state or message stream holds a worker thread for as long as its job runs.
+DEFAULT_MAX_WORKERS = 64
+
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),  # pipeline protos can pass the 4 MB default
+    ("grpc.max_send_message_length", -1),
+    ("grpc.http2.max_pings_without_data", 0),  # long streams with keep-alive pings
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.so_reuseport", 0),  # a second server on a busy port must fail, not share it
+]
+
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+class JobServer:
+    """JobService + ArtifactStagingService + ArtifactRetrievalService on one gRPC server."""
+
+    def __init__(
+        self,
+        executor: JobExecutor,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        artifacts_dir: str | None = None,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        staging_grace: float = STAGING_GRACE_SECONDS,
+    ) -> None:
+        self._executor = executor
+        self._staging_grace = staging_grace
+        self._host = host
+        self._port = port
+        self._artifacts_dir = artifacts_dir
+        self._max_workers = max_workers
+        self._own_artifacts_dir = False
+        self._server: grpc.Server | None = None
+        self._close_artifacts: Callable[[], None] = lambda: None
+        self.jobs: JobManager | None = None
+        self.port: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """'host:port' for clients' --job_endpoint (after start)."""
+        if self.port is None:
+            raise SparkBeamError("the job server has no endpoint: it was not started")
+        return f"{_advertised(self._host)}:{self.port}"
+
+    @property
+    def artifacts_dir(self) -> str | None:
+        """Where staged artifacts are kept (a temporary directory unless one was given)."""
+        return self._artifacts_dir
+
+    def start(self) -> int:
+        """Binds, starts serving and returns the port."""
+        if self._server is not None:
+            raise SparkBeamError(f"the job server on {self.endpoint} is already started")
+        if self._artifacts_dir is None:
+            self._artifacts_dir = tempfile.mkdtemp(prefix="sparkbeam-artifacts-")
+            self._own_artifacts_dir = True
+        os.makedirs(self._artifacts_dir, exist_ok=True)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=self._max_workers, thread_name_prefix="sparkbeam-jobserver"
+            ),
+            options=_GRPC_OPTIONS,
+        )
+        address = f"{_bracketed(self._host)}:{self._port}"
+        cause: RuntimeError | None = None
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:  # newer grpcio raises, older ones return 0
+            port, cause = 0, exc
+        if port == 0:
+            if self._own_artifacts_dir:
+                shutil.rmtree(self._artifacts_dir, ignore_errors=True)
+                self._artifacts_dir, self._own_artifacts_dir = None, False
+            raise SparkBeamError(
+                f"the job server cannot listen on {address}: {cause or 'the port is taken'}"
+            ) from cause
+        self.port = port
+        # Staging milestones go to the job's message stream; the manager comes second.
+        artifacts = new_artifact_services(
+            self._artifacts_dir, on_message=lambda token, text: self._note_staging(token, text)
+        )
+        self._close_artifacts = artifacts.close
+        self.jobs = JobManager(
+            self._executor, artifacts.staging, self.endpoint, staging_grace=self._staging_grace
+        )
+        beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(JobService(self.jobs), server)
+        beam_artifact_api_pb2_grpc.add_ArtifactStagingServiceServicer_to_server(
+            artifacts.staging_servicer, server
+        )
+        beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
+            artifacts.retrieval_servicer, server
+        )
+        server.start()
+        self._server = server
+        _LOGGER.info(
+            "job server listening on %s (bound to %s, artifacts in %s)",
+            self.endpoint, address, self._artifacts_dir,
+        )
+        return port
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Cancels running jobs, ends every stream and stops serving. Safe to call twice."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self.jobs is not None:
+            self.jobs.shutdown()
+        server.stop(grace).wait()
+        self._close_artifacts()
+        if self._own_artifacts_dir and self._artifacts_dir:
+            shutil.rmtree(self._artifacts_dir, ignore_errors=True)
+        _LOGGER.info("job server on port %s stopped", self.port)
+
+    def _note_staging(self, staging_token: str, text: str) -> None:
+        if self.jobs is not None:
+            self.jobs.note_staging(staging_token, text)
+
+    def __enter__(self) -> JobServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def build_parser(prog: str = "sparkbeam job-server") -> argparse.ArgumentParser:
+    """The job server's command line; callers may add their own (executor) options."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Serve the Beam Job API; jobs run on Apache Spark."
+    )
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1; 0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8099,
+                        help="port to bind (default 8099; 0 picks a free one)")
+    parser.add_argument("--artifacts-dir", default=None,
+                        help="where staged artifacts are kept (default: a temporary directory)")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None,
+    executor_factory: Callable[[argparse.Namespace], JobExecutor],
+    *,
+    parser: argparse.ArgumentParser | None = None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Runs a job server until SIGINT/SIGTERM (or `stop` is set); returns the exit status.
+
+    `executor_factory` gets the parsed arguments (so a caller's `parser` may carry executor
+    options) and returns the executor the jobs run on.
+    """
+    args = (parser or build_parser()).parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            _LOGGER.info("received signal %d, stopping", signum)
+            stop.set()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    server = JobServer(
+        executor_factory(args), host=args.host, port=args.port, artifacts_dir=args.artifacts_dir
+    )
+    try:
+        server.start()
+    except SparkBeamError as exc:
+        _LOGGER.error("%s", exc)
+        return 1
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        server.stop()
+    return 0
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _advertised(host: str) -> str:
+    """The host name clients should use: the bound address unless it is a wildcard."""
+    return socket.gethostname() if host in _WILDCARD_HOSTS else _bracketed(host)

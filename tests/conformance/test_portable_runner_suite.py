@@ -1,0 +1,43 @@
+"""Beam's own PortableRunnerTest suite, submitted through a sparkbeam job server.
+
+Beam's real PortableRunner is the client; the server runs each job on the shared local Spark
+session through SparkJobExecutor. Gaps are strict xfails with reasons (CONFORMANCE.md).
+"""
+from __future__ import annotations
+
+import pytest
+from apache_beam.runners.portability import portable_runner_test as beam_suite
+
+from sparkbeam.jobservice.server import JobServer
+from sparkbeam.spark_executor import SparkJobExecutor
+
+KNOWN_GAPS: dict[str, str] = {
+    "test_batch_rebatch_pardos": (
+        "the InefficientExecutionWarning is raised in the Spark Python worker that builds the "
+        "bundle processor, not in the client process where the test listens"
+    ),
+}
+
+
+class TestSparkJobServerOnPortableSuite(beam_suite.PortableRunnerTest):
+    @classmethod
+    def _create_job_endpoint(cls):  # type: ignore[no-untyped-def]
+        cls._sparkbeam_server = JobServer(SparkJobExecutor())
+        cls._sparkbeam_server.start()
+        return cls._sparkbeam_server.endpoint
+
+    @classmethod
+    def tearDownClass(cls):  # type: ignore[no-untyped-def]
+        server = cls.__dict__.get("_sparkbeam_server")
+        if server is not None:
+            server.stop()
+        super().tearDownClass()
+
+
+for _name, _reason in KNOWN_GAPS.items():
+    _test = getattr(TestSparkJobServerOnPortableSuite, _name)
+    setattr(
+        TestSparkJobServerOnPortableSuite,
+        _name,
+        pytest.mark.xfail(reason=_reason, strict=True)(_test),
+    )

@@ -1,0 +1,73 @@
+"""The `sparkbeam` command: `run` a pipeline script, and serve jobs with `job-server`."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT))
+
+
+def test_sparkbeam_run_executes_the_wordcount_example(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "counts"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkbeam.cli", "run", str(ROOT / "examples" / "wordcount.py"),
+         "--", "--output", str(out), "--spark_master=local[2]"],
+        capture_output=True, text=True, timeout=300, env=_env(), check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "word counts written to:" in proc.stdout
+    lines = [ln for f in tmp_path.glob("counts*") for ln in f.read_text().splitlines()]
+    counts = dict(ln.rsplit(": ", 1) for ln in lines)
+    assert counts["better"] == str(8 * 200)  # "better" appears 8 times in the Zen
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_job_server_command_serves_a_portable_runner_client(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sparkbeam.cli", "job-server", "--port", str(port),
+         "--artifacts-dir", str(tmp_path / "artifacts")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        client = tmp_path / "client.py"
+        client.write_text(
+            "import apache_beam as beam\n"
+            "from apache_beam.options.pipeline_options import PipelineOptions\n"
+            "from apache_beam.testing.util import assert_that, equal_to\n"
+            f"opts = PipelineOptions(['--runner=PortableRunner', '--job_endpoint=localhost:{port}',"
+            " '--environment_type=LOOPBACK', '--spark_master=local[2]'])\n"
+            "with beam.Pipeline(options=opts) as p:\n"
+            "    assert_that(p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x * 10),"
+            " equal_to([10, 20, 30]))\n"
+            "print('CLIENT OK')\n"
+        )
+        proc = subprocess.run([sys.executable, str(client)], capture_output=True, text=True,
+                              timeout=300, env=_env(), check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "CLIENT OK" in proc.stdout
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
