@@ -88,7 +88,8 @@ class JobServer:
         if self._artifacts_dir is None:
             self._artifacts_dir = tempfile.mkdtemp(prefix="sparkbeam-artifacts-")
             self._own_artifacts_dir = True
-        os.makedirs(self._artifacts_dir, exist_ok=True)
+        if "://" not in self._artifacts_dir:  # URLs go to an fsspec destination
+            os.makedirs(self._artifacts_dir, exist_ok=True)
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self._max_workers, thread_name_prefix="sparkbeam-jobserver"

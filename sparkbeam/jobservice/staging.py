@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 from apache_beam.portability.api import beam_artifact_api_pb2_grpc, beam_runner_api_pb2
 
-from sparkbeam.artifacts import ArtifactRetrievalService, ArtifactStagingService, LocalDirectory
+from sparkbeam.artifacts import (
+    ArtifactDestination,
+    ArtifactRetrievalService,
+    ArtifactStagingService,
+    FsspecDestination,
+    LocalDirectory,
+)
 from sparkbeam.jobservice.protocol import DependencySets, StagingArea
 
 # (staging token, text): a user-visible staging milestone for that job's message stream.
@@ -29,8 +35,11 @@ class ArtifactServices:
 
 
 def new_artifact_services(root: str, on_message: StagingMessage | None = None) -> ArtifactServices:
-    """Staging and retrieval services that keep staged artifacts under directory `root`."""
-    destination = LocalDirectory(root)
+    """Staging and retrieval services that keep staged artifacts under `root`: a local
+    directory, or any fsspec URL (`s3://bucket/staging`, `memory://...`)."""
+    destination: ArtifactDestination = (
+        FsspecDestination(root) if "://" in root else LocalDirectory(root)
+    )
     staging = ArtifactStagingService(destination, on_message=on_message)
     return ArtifactServices(staging, staging, ArtifactRetrievalService(destination), staging.close)
 
