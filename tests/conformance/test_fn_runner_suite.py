@@ -5,18 +5,15 @@ Every test that does not pass is a strict xfail with its reason (listed in CONFO
 from __future__ import annotations
 
 import apache_beam as beam
-import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner_test as beam_suite
 
+from tests.conformance.gaps import REBATCH_WARNING, mark_known_gaps
 from sparkbeam import SparkRunner
 
 # test name -> why it does not pass on SparkRunner.
 KNOWN_GAPS: dict[str, str] = {
-    "test_batch_rebatch_pardos": (
-        "the InefficientExecutionWarning is raised in the Spark Python worker that builds the "
-        "bundle processor, not in the driver process where the test listens"
-    ),
+    "test_batch_rebatch_pardos": REBATCH_WARNING,
 }
 
 
@@ -27,10 +24,4 @@ class TestSparkRunnerOnFnApiSuite(beam_suite.FnApiRunnerTest):
         )
 
 
-for _name, _reason in KNOWN_GAPS.items():
-    _test = getattr(TestSparkRunnerOnFnApiSuite, _name)
-    setattr(
-        TestSparkRunnerOnFnApiSuite,
-        _name,
-        pytest.mark.xfail(reason=_reason, strict=True)(_test),
-    )
+mark_known_gaps(TestSparkRunnerOnFnApiSuite, KNOWN_GAPS)

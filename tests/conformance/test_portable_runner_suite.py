@@ -5,17 +5,14 @@ session through SparkJobExecutor. Gaps are strict xfails with reasons (CONFORMAN
 """
 from __future__ import annotations
 
-import pytest
 from apache_beam.runners.portability import portable_runner_test as beam_suite
 
+from tests.conformance.gaps import REBATCH_WARNING, mark_known_gaps
 from sparkbeam.jobservice.server import JobServer
 from sparkbeam.spark_executor import SparkJobExecutor
 
 KNOWN_GAPS: dict[str, str] = {
-    "test_batch_rebatch_pardos": (
-        "the InefficientExecutionWarning is raised in the Spark Python worker that builds the "
-        "bundle processor, not in the client process where the test listens"
-    ),
+    "test_batch_rebatch_pardos": REBATCH_WARNING,
 }
 
 
@@ -34,10 +31,4 @@ class TestSparkJobServerOnPortableSuite(beam_suite.PortableRunnerTest):
         super().tearDownClass()
 
 
-for _name, _reason in KNOWN_GAPS.items():
-    _test = getattr(TestSparkJobServerOnPortableSuite, _name)
-    setattr(
-        TestSparkJobServerOnPortableSuite,
-        _name,
-        pytest.mark.xfail(reason=_reason, strict=True)(_test),
-    )
+mark_known_gaps(TestSparkJobServerOnPortableSuite, KNOWN_GAPS)
