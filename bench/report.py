@@ -264,6 +264,11 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         header = ["workload", "size", "runner", "status", "detail"]
         out += ["## Failures and wrong answers", "", *_table(header, rows), ""]
+    analysis = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ANALYSIS.md")
+    if os.path.exists(analysis):
+        # Hand-written: targets met or missed and what the profile says; kept across runs.
+        with open(analysis) as f:
+            out += [f.read().rstrip(), ""]
     out += ["## Chart", "", "![run time ratios and scaling](results.png)", ""]
     return "\n".join(out)
 

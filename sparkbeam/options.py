@@ -25,6 +25,12 @@ class SparkOptions(PipelineOptions):
             "An active SparkSession is reused when there is one.",
         )
         add_argument(
+            "--spark_remote",
+            default=None,
+            help="Spark Connect URL (sc://host:port) for a new session; an active Connect "
+            "session is reused.",
+        )
+        add_argument(
             "--spark_conf",
             action="append",
             default=None,
