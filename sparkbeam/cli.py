@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--scale", default="quick", choices=["quick", "full"])
     bench.set_defaults(func=_bench)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True
+    )
     return int(args.func(args))
 
 

@@ -187,8 +187,10 @@ def main(
     options) and returns the executor the jobs run on.
     """
     args = (parser or build_parser()).parse_args(argv)
+    # force: importing Beam may already have configured the root logger at WARNING (it warns
+    # when optional GCP libraries are missing), which would hide the "listening" milestone.
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
