@@ -209,18 +209,25 @@ class EmbeddedWorker:
 
 
 class WorkerCache:
-    """Idle embedded workers of this Python process, by descriptor digest."""
+    """Idle embedded workers of this Python process, by descriptor digest.
 
-    def __init__(self) -> None:
-        self._idle: dict[str, list[EmbeddedWorker]] = collections.defaultdict(list)
+    Holds the workers of at most `max_descriptors` descriptors, least recently used first out
+    (their DoFns are torn down), so a long-lived Python worker serving many jobs stays bounded.
+    """
+
+    def __init__(self, max_descriptors: int = 64) -> None:
+        self._idle: collections.OrderedDict[str, list[EmbeddedWorker]] = (
+            collections.OrderedDict()
+        )
         self._lock = threading.Lock()
+        self._max = max_descriptors
         self.created = 0  # descriptors parsed and set up in this process
 
     @contextlib.contextmanager
     def lease(self, descriptor_bytes: bytes) -> Iterator[EmbeddedWorker]:
         digest = hashlib.sha1(descriptor_bytes).hexdigest()
         with self._lock:
-            idle = self._idle[digest]
+            idle = self._idle.get(digest)
             worker = idle.pop() if idle else None
         if worker is None:
             worker = EmbeddedWorker(
@@ -236,7 +243,14 @@ class WorkerCache:
                 worker.state.drop_user_state()
                 worker.state.bind_side_inputs({})
                 with self._lock:
-                    self._idle[digest].append(worker)
+                    self._idle.setdefault(digest, []).append(worker)
+                    self._idle.move_to_end(digest)
+                    evicted = []
+                    while len(self._idle) > self._max:
+                        evicted.extend(self._idle.popitem(last=False)[1])
+                for old in evicted:
+                    with contextlib.suppress(Exception):
+                        old.shutdown()
             else:
                 # A failed bundle leaves the processor in an unknown state: do not reuse it.
                 with contextlib.suppress(Exception):

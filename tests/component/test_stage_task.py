@@ -69,3 +69,25 @@ def test_groups_match_python_grouping_and_bundles_stay_bounded(data, bundle_size
     # The stage has no data outputs: only metric rows come back, and only if a bundle ran.
     assert all(tag == METRICS_TAG for tag, _, _ in out)
     assert bool(out) == bool(data)
+
+
+def test_worker_cache_is_bounded_and_tears_down_what_it_evicts() -> None:
+    from sparkbeam.control.embedded import WorkerCache
+
+    torn_down: list[str] = []
+    cache = WorkerCache(max_descriptors=2)
+    plans = []
+    for n in range(3):
+        p = beam.Pipeline()
+        _ = p | f"Create{n}" >> beam.Create([n]) | f"Map{n}" >> beam.Map(lambda x: x)
+        plans.append(plan_pipeline(p.to_runner_api()).stages[0].descriptor)
+    for descriptor in plans:
+        with cache.lease(descriptor) as worker:
+            original = worker.shutdown
+            worker.shutdown = lambda d=worker.descriptor.id, f=original: (  # type: ignore[method-assign]
+                torn_down.append(d), f())
+    assert cache.created == 3
+    assert len(torn_down) == 1  # the least recently used descriptor's worker
+    with cache.lease(plans[2]):
+        pass
+    assert cache.created == 3  # still cached: no new set-up
