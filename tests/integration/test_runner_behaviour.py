@@ -167,3 +167,22 @@ def test_task_retries_do_not_double_count_committed_metrics(tmp_path) -> None:  
     assert "COMMITTED 20 ATTEMPTED" in out.stdout
     attempted = int(out.stdout.split("ATTEMPTED")[1].split()[0])
     assert attempted > 20, "the failed attempt's work must count as attempted"
+
+
+def test_a_stage_output_read_by_two_stages_is_computed_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "processed.log"
+
+    def side_effect(x):  # type: ignore[no-untyped-def]
+        with open(log, "a") as f:  # one line per time user code sees the element
+            f.write(f"{x}\n")
+        return (x % 3, x)
+
+    p = _pipeline("--parallelism=2")
+    keyed = p | beam.Create(range(60)) | "SideEffect" >> beam.Map(side_effect)
+    sums = keyed | "Sum" >> beam.CombinePerKey(sum)
+    counts = keyed | "Group" >> beam.GroupByKey() | beam.MapTuple(lambda k, vs: (k, len(list(vs))))
+    assert_that(sums, equal_to([(0, 570), (1, 590), (2, 610)]), label="sums")
+    assert_that(counts, equal_to([(0, 20), (1, 20), (2, 20)]), label="counts")
+    p.run().wait_until_finish()
+    seen = log.read_text().split()
+    assert sorted(map(int, seen)) == list(range(60))  # each element processed exactly once
