@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,19 +56,50 @@ def session_config() -> dict[str, str]:
     }
 
 
-def get_session(options: SparkOptions) -> SparkSession:
-    """The active SparkSession if there is one, else a new one from the options."""
+def is_connect(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect session (no SparkContext, no JVM in this process)."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # pyspark without its `connect` extras
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+def _active_session() -> SparkSession | None:
+    """The active session, classic or Connect. A Connect session is active per thread only,
+    and jobs run in threads of their own: fall back to its default (first) session."""
     active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    connect = sys.modules.get("pyspark.sql.connect.session")  # loaded once a client exists
+    if connect is not None:
+        try:
+            return connect.SparkSession.active()  # type: ignore[no-any-return]
+        except Exception:  # noqa: BLE001 - none active or default
+            return None
+    return None
+
+
+def get_session(options: SparkOptions) -> SparkSession:
+    """The active SparkSession (classic or Connect) if there is one, else a new one from the
+    options: a Spark Connect client when `--spark_remote` is set, a classic one otherwise."""
+    active = _active_session()
     if active is not None:
         return active
     # Workers must run the driver's interpreter (the one with apache_beam installed).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(options.spark_master).appName(options.spark_app_name)
+    remote = getattr(options, "spark_remote", None)
+    builder = SparkSession.builder
+    builder = builder.remote(remote) if remote else builder.master(options.spark_master)
+    builder = builder.appName(options.spark_app_name)
     defaults = {
         **session_config(),
         "spark.sql.shuffle.partitions": str(positive_or_none(options.parallelism) or 8),
     }
+    if remote and remote.startswith("sc://"):
+        # A running Connect server takes runtime SQL settings only (the rest is its own).
+        defaults = {k: v for k, v in defaults.items() if k.startswith("spark.sql.")}
     for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -78,7 +110,8 @@ class Datasets:
 
     def __init__(self, spark: SparkSession, parallelism: int | None = None) -> None:
         self.spark = spark
-        self.parallelism = parallelism or _default_parallelism(spark)
+        self.connect = is_connect(spark)
+        self.parallelism = parallelism or _default_parallelism(spark, self.connect)
 
     # -- building buffers -------------------------------------------------------------------
 
@@ -146,6 +179,9 @@ class Datasets:
 
     def driver_host(self) -> str:
         """Where tasks can reach the driver (for live metrics)."""
+        if self.connect:
+            # The Spark driver is the Connect server's; the collector runs in this client.
+            return _client_host(self.spark)
         try:
             return str(self.spark.conf.get("spark.driver.host", "127.0.0.1"))
         except Exception:  # noqa: BLE001 - Connect sessions may not expose it
@@ -160,16 +196,30 @@ class Datasets:
 
     def add_py_file(self, path: str) -> None:
         """Makes an importable archive (wheel, zip, egg) available to every executor."""
-        self.spark.sparkContext.addPyFile(path)
+        if self.connect:
+            self.spark.addArtifacts(path, pyfile=True)
+        else:
+            self.spark.sparkContext.addPyFile(path)
 
     def ship(self, value: Any) -> Any:
-        """Makes `value` available to tasks: a broadcast on classic Spark."""
+        """Makes `value` available to tasks: a broadcast on classic Spark; over Connect (no
+        broadcasts) the value travels inside the task's pickled closure."""
+        if self.connect:
+            return _Captured(value)
         return _Shipped(self.spark.sparkContext.broadcast(value))
 
     # -- job groups -------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def job_group(self, group: str, description: str) -> Iterator[None]:
+        if self.connect:
+            # Connect has job tags (per client thread) instead of job groups.
+            self.spark.addTag(group)
+            try:
+                yield
+            finally:
+                self.spark.removeTag(group)
+            return
         sc = self.spark.sparkContext
         sc.setJobGroup(group, description, interruptOnCancel=True)
         try:
@@ -179,9 +229,14 @@ class Datasets:
             sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
     def describe(self, description: str) -> None:
+        if self.connect:
+            return  # no job descriptions over Connect
         self.spark.sparkContext.setJobDescription(description)
 
     def cancel(self, group: str) -> None:
+        if self.connect:
+            self.spark.interruptTag(group)
+            return
         self.spark.sparkContext.cancelJobGroup(group)
 
 
@@ -196,11 +251,44 @@ class _Shipped:
         return self._broadcast.value
 
 
-def _default_parallelism(spark: SparkSession) -> int:
+class _Captured:
+    """Over Connect: the value itself, pickled with the task; `.value` like a broadcast."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+_FALLBACK_PARALLELISM = 8
+
+
+def _default_parallelism(spark: SparkSession, connect: bool = False) -> int:
+    if connect:
+        # No SparkContext: the server's spark.default.parallelism when it is set.
+        try:
+            configured = spark.conf.get("spark.default.parallelism", None)
+            return max(1, int(configured)) if configured else _FALLBACK_PARALLELISM
+        except Exception:  # noqa: BLE001 - unreadable or not a number
+            return _FALLBACK_PARALLELISM
     try:
         return max(1, int(spark.sparkContext.defaultParallelism))
-    except Exception:  # noqa: BLE001 - Connect has no SparkContext
-        return 8
+    except Exception:  # noqa: BLE001 - no usable SparkContext
+        return _FALLBACK_PARALLELISM
+
+
+def _client_host(spark: Any) -> str:
+    """This client's address as the Connect server's executors would see it: loopback for a
+    local server, else the local address of the route to the server."""
+    host = "127.0.0.1"
+    with contextlib.suppress(Exception):
+        host = str(spark.client.host)
+    if host in ("localhost", "127.0.0.1", "::1", ""):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))  # UDP: no packet is sent
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
 
 
 def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, Any, bytes]]:

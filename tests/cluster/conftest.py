@@ -1,0 +1,159 @@
+"""Fixtures of the cluster tier: a Spark Connect server and a standalone cluster (master plus
+one worker), each in child processes on 127.0.0.1, started once per test module and killed at
+its teardown (so the two never hold memory at the same time).
+
+Pipelines run in yet another child process (one Spark driver per process), so the local[2]
+session the rest of the test session shares is never touched.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STARTUP_TIMEOUT = 60.0
+RUN_TIMEOUT = 170.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_DAEMON_MEMORY="256m",
+        PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p),
+    )
+    env.pop("SPARK_REMOTE", None)
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    env.update(extra)
+    return env
+
+
+def start(cmd: list[str], log: str, env: dict[str, str]) -> subprocess.Popen:
+    """A child in a process group of its own (so its JVMs go with it), logging to `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    else:  # the leader is gone; its group may not be
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_for(proc: subprocess.Popen, log: str, text: str, timeout: float = STARTUP_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(log, errors="replace") as f:
+            if text in f.read():
+                return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    with open(log, errors="replace") as f:
+        tail = f.read()[-3000:]
+    raise RuntimeError(f"{text!r} not seen in {log} (exit {proc.poll()}):\n{tail}")
+
+
+def run_pipelines(
+    workdir: str, names: list[str], args: list[str], timeout: float = RUN_TIMEOUT
+) -> dict[str, dict]:
+    """Runs `names` in a child driver (FnApiRunner, then SparkRunner with `args`)."""
+    out = os.path.join(workdir, f"results-{time.monotonic_ns()}.json")
+    log = out + ".log"
+    proc = start(
+        [sys.executable, "-m", "tests.cluster.run_pipelines", out, ",".join(names), "--", *args],
+        log, child_env(SPARKBEAM_TEST_TMP=os.path.join(workdir, "data")),
+    )
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        stop(proc)
+    with open(log, errors="replace") as f:
+        tail = f.read()[-4000:]
+    if not os.path.exists(out):
+        raise AssertionError(f"the child driver wrote no results (exit {proc.returncode}):\n{tail}")
+    with open(out) as f:
+        results: dict[str, dict] = json.load(f)
+    missing = [n for n in names if n not in results]
+    assert not missing, f"no result for {missing} (exit {proc.returncode}):\n{tail}"
+    return results
+
+
+@pytest.fixture(scope="session")
+def cluster_tmp() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="sparkbeam-cluster-") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def connect_server(cluster_tmp: str) -> Iterator[str]:
+    """A Spark Connect server (local[2]) in a child process; yields its sc:// URL."""
+    port = free_port()
+    log = os.path.join(cluster_tmp, "connect-server.log")
+    proc = start([sys.executable, "-m", "tests.cluster.connect_server", str(port)], log,
+                 child_env())
+    try:
+        wait_for(proc, log, "READY")
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def standalone_master(cluster_tmp: str) -> Iterator[str]:
+    """A standalone master and one worker (1 core, 512m) on 127.0.0.1; yields spark://..."""
+    import pyspark
+
+    spark_home = os.path.dirname(pyspark.__file__)
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    env = child_env(SPARK_HOME=spark_home)
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    master_log = os.path.join(cluster_tmp, "master.log")
+    worker_log = os.path.join(cluster_tmp, "worker.log")
+    work_dir = os.path.join(cluster_tmp, "worker-work")
+    os.makedirs(work_dir)
+    procs = [start([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                    "--port", str(port), "--webui-port", "0"], master_log, env)]
+    try:
+        wait_for(procs[0], master_log, "I have been elected leader")
+        procs.append(start([spark_class, "org.apache.spark.deploy.worker.Worker", url,
+                            "--host", "127.0.0.1", "--cores", "1", "--memory", "512m",
+                            "--webui-port", "0", "--work-dir", work_dir], worker_log, env))
+        wait_for(procs[1], worker_log, "Successfully registered with master")
+        yield url
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
