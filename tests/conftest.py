@@ -1,6 +1,7 @@
 """Shared fixtures: one local[2] SparkSession per test session, made on first use."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -47,3 +48,5 @@ def spark():
 def pytest_sessionfinish(session, exitstatus):
     if _SESSION:
         _SESSION[0].stop()
+    # py4j logs from a destructor at interpreter exit, after logging's handlers are closed.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
