@@ -126,12 +126,8 @@ class Datasets:
         return df.select(F.lit(index).cast("int").alias("input"), "key", "value")
 
     def union(self, dfs: list[DataFrame]) -> DataFrame:
-        if not dfs:
-            return self.empty()
-        out = dfs[0]
-        for df in dfs[1:]:
-            out = out.unionByName(df)
-        return out
+        """Buffers (key, value) or stage inputs unioned; no parts is an empty input."""
+        return _union(dfs) if dfs else self.empty()
 
     def by_key(self, df: DataFrame) -> DataFrame:
         """Each key in exactly one partition, rows sorted by (key, input): the shuffle."""
@@ -143,12 +139,7 @@ class Datasets:
 
     def union_tagged(self, dfs: list[DataFrame]) -> DataFrame:
         """Stage outputs (tag, key, value) unioned, for one action over all of them."""
-        if not dfs:
-            return self.spark.createDataFrame([], OUT_SCHEMA)
-        out = dfs[0]
-        for df in dfs[1:]:
-            out = out.unionByName(df)
-        return out
+        return _union(dfs) if dfs else self.spark.createDataFrame([], OUT_SCHEMA)
 
     def select_tag(self, df: DataFrame, tag: int) -> DataFrame:
         return df.where(F.col("tag") == tag).select("key", "value")
@@ -289,6 +280,13 @@ def _client_host(spark: Any) -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+def _union(dfs: list[DataFrame]) -> DataFrame:
+    out = dfs[0]
+    for df in dfs[1:]:
+        out = out.unionByName(df)
+    return out
 
 
 def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, Any, bytes]]:

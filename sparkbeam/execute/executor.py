@@ -28,22 +28,16 @@ _LOG = logging.getLogger(__name__)
 
 @dataclass
 class Progress:
-    """What a running job has done so far; read by the result and the job service."""
+    """The committed metrics of a job and the task attempts they came from."""
 
-    stages_done: int = 0
-    stages_total: int = 0
-    current: str = ""
     infos: list[metrics_pb2.MonitoringInfo] = field(default_factory=list)
     committed_attempts: set[bytes] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(
-        self, infos: list[metrics_pb2.MonitoringInfo], attempts: set[bytes], stages: int = 1
-    ) -> None:
+    def add(self, infos: list[metrics_pb2.MonitoringInfo], attempts: set[bytes]) -> None:
         with self.lock:
             self.infos.extend(infos)
             self.committed_attempts |= attempts
-            self.stages_done += stages
 
     def committed_keys(self) -> set[bytes]:
         with self.lock:
@@ -93,14 +87,12 @@ class Executor:
         buffers: dict[bytes, list[Any]] = {}
         materialised: dict[bytes, list[bytes]] = {}
         outputs: list[tuple[Stage, Any]] = []
-        progress.stages_total = len(plan.stages)
         ctx = worker_context.pipeline_context(plan.components)
         try:
             with self.ds.job_group(job_id, f"sparkbeam {job_id}"):
                 for stage in plan.stages:
                     if cancelled.is_set():
                         raise JobCancelledError(f"{job_id} was cancelled before {stage.label}")
-                    progress.current = stage.display
                     log(f"planning {stage.display}")
                     out = self._declare_stage(
                         plan, stage, buffers, materialised, ctx, job_id, cancelled
@@ -115,7 +107,7 @@ class Executor:
                     None, job_id, cancelled,
                 )
             infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in rows]
-            progress.add(infos, {key for key, _ in rows if key is not None}, len(outputs))
+            progress.add(infos, {key for key, _ in rows if key is not None})
         finally:
             for _, df in outputs:
                 self.ds.release(df)
