@@ -56,6 +56,19 @@ class SparkOptions(PipelineOptions):
             help="Most encoded input bytes fed to the bundle processor in one bundle.",
         )
         add_argument(
+            "--dynamic_splitting",
+            choices=["on", "off"],
+            default="on",
+            help="Split straggling bundles of splittable DoFns and give the residual to idle "
+            "tasks of the same stage (dynamic work rebalancing).",
+        )
+        add_argument(
+            "--worker_connect_timeout",
+            type=float,
+            default=60.0,
+            help="Seconds an SDK worker of a PROCESS or EXTERNAL environment has to connect.",
+        )
+        add_argument(
             "--spark_app_name",
             default="sparkbeam",
             help="Application name of a SparkSession that sparkbeam creates.",

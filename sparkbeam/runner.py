@@ -8,15 +8,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 from apache_beam.transforms import environments
 
 from sparkbeam.control.metrics_channel import MetricsCollector, shared_collector
+from sparkbeam.control.rebalance_channel import RebalanceServer, shared_rebalancer
 from sparkbeam.errors import JobCancelledError, SparkBeamError
 from sparkbeam.metrics import SparkMetrics
 from sparkbeam.options import SparkOptions, positive_or_none
@@ -78,6 +80,7 @@ class SparkJob:
         self._thread = threading.Thread(target=self._run, name=f"sparkbeam-{self.job_id}")
         self._datasets: Datasets | None = None
         self._collector: MetricsCollector | None = None
+        self.split_stats: dict[str, dict[str, int]] = {}
 
     def start(self) -> None:
         self._set_state(PipelineState.STARTING)
@@ -104,18 +107,29 @@ class SparkJob:
                 datasets.add_py_file(path)
                 self._log(f"{self.job_id}: shipped {os.path.basename(path)} to the executors")
             self._collector = shared_collector(datasets.driver_host())
+            rebalancer = (
+                shared_rebalancer(datasets.driver_host())
+                if spark_options.dynamic_splitting != "off" else None
+            )
             executor = Executor(
                 datasets,
                 ExecutionSettings(
                     bundle_size=max(1, spark_options.bundle_size),
                     bundle_bytes=max(1, spark_options.bundle_bytes),
                     metrics_address=self._collector.address,
+                    rebalance_address=rebalancer.address if rebalancer else None,
+                    pipeline_options=_worker_options(self.options),
+                    worker_connect_timeout_s=spark_options.worker_connect_timeout,
                 ),
             )
             self._set_state(PipelineState.RUNNING)
             started = time.time()
-            executor.run(self.plan, self.job_id, self.progress, self.cancelled,
-                         log=self._log)
+            try:
+                executor.run(self.plan, self.job_id, self.progress, self.cancelled,
+                             log=self._log)
+            finally:
+                if rebalancer is not None:
+                    self._report_splits(rebalancer)
             self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
             self._set_state(PipelineState.DONE)
         except JobCancelledError as exc:
@@ -132,6 +146,17 @@ class SparkJob:
                 self._set_state(PipelineState.FAILED)
         finally:
             self._done.set()
+
+    def _report_splits(self, rebalancer: RebalanceServer) -> None:
+        for stage in self.plan.stages:
+            stats = rebalancer.stats(self.job_id, stage.label)
+            self.split_stats[stage.label] = stats
+            if stats["splits"]:
+                self._log(
+                    f"{stage.display}: {stats['splits']} runner-initiated split(s) moved "
+                    f"{stats['items_moved']} element(s) or restriction(s) to idle tasks"
+                )
+        rebalancer.forget(self.job_id)
 
     def _log(self, message: str) -> None:
         _LOG.info("%s", message)
@@ -161,6 +186,30 @@ class SparkJob:
             for info in infos
         ]
         return SparkMetrics(committed, committed + others)
+
+
+def _default_environment(options: pipeline_options.PipelineOptions) -> Any:
+    """Embedded (the bundle processor inside Spark's Python workers) unless the user asked
+    for SDK workers of a PROCESS or EXTERNAL environment."""
+    kind = options.view_as(pipeline_options.PortableOptions).environment_type or ""
+    if kind.upper() in ("PROCESS", "EXTERNAL") or kind in (
+        common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn
+    ):
+        return environments.Environment.from_options(
+            options.view_as(pipeline_options.PortableOptions))
+    return environments.EmbeddedPythonEnvironment.default()
+
+
+def _worker_options(options: pipeline_options.PipelineOptions) -> dict[str, Any]:
+    """The options SDK workers receive (JSON-safe values only)."""
+    out = {}
+    for key, value in options.get_all_options(drop_default=True).items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[key] = value
+    return out
 
 
 class SparkPipelineResult(PipelineResult):
@@ -195,6 +244,11 @@ class SparkPipelineResult(PipelineResult):
     def metrics(self) -> SparkMetrics:
         return self._job.metrics()
 
+    @property
+    def split_stats(self) -> dict[str, dict[str, int]]:
+        """Runner-initiated splits per stage label: {"splits": n, "items_moved": m}."""
+        return dict(self._job.split_stats)
+
     def monitoring_infos(self):  # type: ignore[no-untyped-def]
         return self._job.metrics().monitoring_infos()
 
@@ -226,9 +280,7 @@ class SparkRunner(PipelineRunner):
                 not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders
             )
         )
-        proto = pipeline.to_runner_api(
-            default_environment=environments.EmbeddedPythonEnvironment.default()
-        )
+        proto = pipeline.to_runner_api(default_environment=_default_environment(options))
         return self.run_portable_pipeline(proto, options)
 
     def run_portable_pipeline(self, proto, options):  # type: ignore[no-untyped-def, override]

@@ -168,6 +168,7 @@ class EmbeddedWorker:
     state: TaskStateHandler = field(default_factory=TaskStateHandler)
     processor: bundle_processor.BundleProcessor | None = None
     failed_bundle_infos: list[metrics_pb2.MonitoringInfo] = field(default_factory=list)
+    current_instruction: str | None = None  # the bundle running now, if any
     _ids: Iterator[int] = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
@@ -182,6 +183,7 @@ class EmbeddedWorker:
         instruction_id = bundle_label or f"{self.descriptor.id}-{next(self._ids):06d}"
         self.channel.start_bundle(inputs)
         with self.processor.state_handler.process_instruction_id(instruction_id, []):
+            self.current_instruction = instruction_id
             try:
                 residuals, needs_finalization = self.processor.process_bundle(instruction_id)
             except BaseException:
@@ -189,6 +191,8 @@ class EmbeddedWorker:
                 with contextlib.suppress(Exception):
                     self.failed_bundle_infos = list(self.processor.monitoring_infos())
                 raise
+            finally:
+                self.current_instruction = None
             infos = list(self.processor.monitoring_infos())
         if needs_finalization:
             self.processor.finalize_bundle()
@@ -201,6 +205,16 @@ class EmbeddedWorker:
         self.processor.reset()
         self.channel.start_bundle(())
         return result
+
+    def try_split(
+        self, request: beam_fn_api_pb2.ProcessBundleSplitRequest
+    ) -> beam_fn_api_pb2.ProcessBundleSplitResponse:
+        """Splits the running bundle (called from another thread while `process` runs); an
+        empty response when the bundle has finished or cannot split."""
+        processor = self.processor
+        if processor is None or request.instruction_id != self.current_instruction:
+            return beam_fn_api_pb2.ProcessBundleSplitResponse()
+        return processor.try_split(request)
 
     def shutdown(self) -> None:
         if self.processor is not None:

@@ -53,6 +53,9 @@ class ExecutionSettings:
     bundle_size: int
     bundle_bytes: int
     metrics_address: str | None = None
+    rebalance_address: str | None = None
+    pipeline_options: dict | None = None  # handed to SDK workers through provisioning
+    worker_connect_timeout_s: float = 60.0
 
 
 def _task(
@@ -170,6 +173,10 @@ class Executor:
             bundle_bytes=self.settings.bundle_bytes,
             job_id=job_id,
             metrics_address=self.settings.metrics_address,
+            rebalance_address=self.settings.rebalance_address if stage.splittable else None,
+            partitions=self.ds.parallelism,
+            pipeline_options=self.settings.pipeline_options,
+            worker_connect_timeout_s=self.settings.worker_connect_timeout_s,
         )
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped))
         for index, output in enumerate(stage.outputs):

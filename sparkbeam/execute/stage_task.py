@@ -18,7 +18,9 @@ import re
 import time
 import traceback
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from apache_beam.coders.coder_impl import create_OutputStream
 from apache_beam.portability import common_urns
@@ -27,13 +29,18 @@ from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuff
 from apache_beam.transforms import userstate
 from apache_beam.utils import timestamp
 
-from sparkbeam.control.embedded import WORKERS, BundleResult, EmbeddedWorker
+from sparkbeam.control.embedded import WORKERS, BundleResult
 from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
+from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.execute import worker_context
+from sparkbeam.execute.task_splits import Chunks, TaskSplitter
 from sparkbeam.metrics import merge_infos
 from sparkbeam.plan.model import Grouping, Stage
 
 TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
+GRPC_ENVIRONMENT_URNS = frozenset(
+    [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn]
+)
 METRICS_TAG = -1
 ERROR_MARKER = "SPARKBEAM-TASK-ERROR:"
 _MAX_TIMER_ROUNDS = 1_000_000
@@ -55,6 +62,10 @@ class TaskSpec:
     bundle_bytes: int
     job_id: str = ""
     metrics_address: str | None = None  # driver's MetricsCollector, for attempted metrics
+    rebalance_address: str | None = None  # driver's RebalanceServer (splittable stages)
+    partitions: int = 1  # how many tasks the stage has
+    pipeline_options: dict | None = None  # for SDK workers of PROCESS/EXTERNAL environments
+    worker_connect_timeout_s: float = 60.0
 
 
 def run_stage_task(
@@ -72,15 +83,25 @@ def run_stage_task(
     stage = spec.stage
     key = AttemptKey(spec.job_id, stage.label, *attempt)
     reporter = MetricsReporter(spec.metrics_address, key) if spec.metrics_address else None
-    with WORKERS.lease(stage.descriptor) as worker:
+    with _lease(spec) as worker:
         worker.state.bind_side_inputs(side_inputs)
         driver = _StageDriver(spec, worker, reporter)
         try:
+            if spec.rebalance_address and stage.splittable and not stage.keyed_input:
+                driver.splitter = TaskSplitter(
+                    RebalanceClient(spec.rebalance_address, spec.job_id, stage.label, attempt[1]),
+                    spec.partitions, driver._input_ids, driver.route,
+                )
             if stage.keyed_input:
                 yield from driver.run_keyed(rows)
             else:
                 yield from driver.run_plain(rows)
             yield from driver.drain_residuals()
+            if driver.splitter is not None:
+                for chunks in driver.splitter.more_work():
+                    yield from driver.run_bundle(chunks)
+                    yield from driver.drain_residuals()
+                driver.splitter.close()
         except Exception as exc:  # noqa: BLE001 - any failure is reported with its payload
             if reporter is not None:
                 reporter.report(driver.infos + worker.failed_bundle_infos, final=True)
@@ -93,11 +114,28 @@ def run_stage_task(
             yield METRICS_TAG, encoded_key, info.SerializeToString()
 
 
+def _lease(spec: TaskSpec) -> ContextManager[Any]:
+    """The worker for the stage's environment: the bundle processor embedded in this
+    process, or an SDK worker over gRPC for PROCESS and EXTERNAL environments."""
+    env_id = spec.stage.environment_id
+    if env_id:
+        env = worker_context.pipeline_context(spec.components).environments.get_proto_from_id(
+            env_id)
+        if env.urn in GRPC_ENVIRONMENT_URNS:
+            from sparkbeam.control.grpc_worker import WORKERS as GRPC_WORKERS
+
+            return GRPC_WORKERS.lease(
+                spec.stage.descriptor, env, spec.pipeline_options or {},
+                spec.worker_connect_timeout_s,
+            )
+    return WORKERS.lease(spec.stage.descriptor)
+
+
 class _StageDriver:
     """Builds bundles from rows, runs them, and turns their results into output rows."""
 
     def __init__(
-        self, spec: TaskSpec, worker: EmbeddedWorker, reporter: MetricsReporter | None = None
+        self, spec: TaskSpec, worker: Any, reporter: MetricsReporter | None = None
     ) -> None:
         self.spec = spec
         self.reporter = reporter
@@ -141,6 +179,7 @@ class _StageDriver:
                     if source in pcoll_to_input:
                         pcoll_to_input[pcoll] = pcoll_to_input[source]
         self._pcoll_to_input = pcoll_to_input
+        self.splitter: TaskSplitter | None = None
         self._residuals: list[tuple[float, int, beam_fn_api_pb2.DelayedBundleApplication]] = []
         self._seq = 0
         # Pending timers of unfinished keys: (transform, family) -> {(key, tag, window): Timer}
@@ -188,10 +227,29 @@ class _StageDriver:
             count += 1
             size += len(value)
             if count >= self.spec.bundle_size or size >= self.spec.bundle_bytes:
-                yield from self._run(self._data(chunks))
+                yield from self.run_bundle(chunks)
                 chunks, count, size = {}, 0, 0
         if count or not self.stage.inputs:
+            yield from self.run_bundle(chunks)
+
+    def run_bundle(self, chunks: Chunks) -> Iterator[OutRow]:
+        """One bundle of a plain stage; splittable when the driver rebalances the stage."""
+        if self.splitter is None:
             yield from self._run(self._data(chunks))
+            return
+        seq, chunks, may_split = self.splitter.next_bundle(chunks)
+        if not may_split:
+            yield from self._run(self._data(chunks))
+            return
+        worker = self.worker
+        with self.splitter.watching(seq, chunks, worker, lambda: worker.current_instruction):
+            rows = list(self._run(self._data(chunks)))
+        yield from rows
+
+    def route(self, app: beam_fn_api_pb2.BundleApplication) -> int:
+        """The stage input a residual or primary root is fed back through."""
+        pcoll = self.worker.descriptor.transforms[app.transform_id].inputs[app.input_id]
+        return self._input_ids.index(self._pcoll_to_input[pcoll])
 
     def run_keyed(self, rows: Iterable[Row]) -> Iterator[OutRow]:
         """Rows arrive sorted by (key, input); bundles end at key boundaries when full."""
@@ -324,9 +382,7 @@ class _StageDriver:
             ):
                 _, _, residual = heapq.heappop(self._residuals)
                 app = residual.application
-                pcoll = self.worker.descriptor.transforms[app.transform_id].inputs[app.input_id]
-                n = self._input_ids.index(self._pcoll_to_input[pcoll])
-                chunks.setdefault(n, []).append(app.element)
+                chunks.setdefault(self.route(app), []).append(app.element)
                 count += 1
             yield from self._run(self._data(chunks))
             yield from self._finish_keys()

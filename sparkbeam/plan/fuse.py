@@ -175,6 +175,7 @@ def _plan_stage(
         stateful=stage.is_stateful(),
         keyed_input=keyed,
         splittable=splittable and not keyed,
+        environment_id=stage.environment or "",
     )
 
 

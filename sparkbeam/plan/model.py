@@ -77,6 +77,7 @@ class Stage:
     stateful: bool = False  # user state or timers: input partitioned by key, keys finished in turn
     keyed_input: bool = False  # input partitioned and sorted by key (stateful or grouped input)
     splittable: bool = False  # processes restrictions of a splittable DoFn: spread its input
+    environment_id: str = ""  # the SDK environment its transforms run in
 
     @property
     def display(self) -> str:

@@ -1,0 +1,1 @@
+"""Worker side of the streaming engine: work budgets, endpoint sets (pure logic, no Spark)."""

@@ -1,0 +1,181 @@
+"""Dynamic work rebalancing for splittable stages, as pure logic (the driver's side).
+
+When a splittable stage's tasks finish their own input at different times, the idle ones ask
+here for work; we ask the straggler (the task whose bundle has run longest) to split, its
+residual is queued and handed to an idle task. Runner-initiated splits
+(`ProcessBundleSplitRequest`), which no other Python runner does.
+
+Spark retries a failed task on the same input partition, so every decision is recorded per
+partition, not per attempt: a retried straggler replays its recorded splits (runs the primary
+only) and a retried thief gets the same work again, in the same order. Nothing is processed
+twice and nothing is lost whichever attempt fails.
+
+No sockets, no threads, no clock: `rebalance_channel.py` is the shell; time comes in as `now`.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+WorkItem = tuple[int, str]  # (stage input index, base64 element) as sent over the wire
+_STALE_AFTER_S = 3.0  # a busy task silent for this long is considered gone
+
+
+@dataclass
+class _Bundle:
+    seq: int
+    started: float
+    unsplittable: bool = False
+
+
+@dataclass
+class _StageWork:
+    """The rebalancing state of one stage of one job."""
+
+    partitions: int
+    started: set[int] = field(default_factory=set)
+    finished: set[int] = field(default_factory=set)
+    # partition -> (its running bundle, when it last said so)
+    busy: dict[int, tuple[_Bundle, float]] = field(default_factory=dict)
+    idle: dict[int, float] = field(default_factory=dict)  # partition -> since
+    queue: collections.deque[list[WorkItem]] = field(default_factory=collections.deque)
+    split_asked: tuple[int, int] | None = None  # (partition, bundle seq) asked to split
+    assigned: dict[int, list[list[WorkItem]]] = field(default_factory=dict)
+    splits: dict[int, dict[str, Any]] = field(default_factory=dict)  # partition -> {seq: record}
+    splits_done: int = 0
+    items_moved: int = 0
+
+
+class Rebalancer:
+    """Decides who splits and who gets the residuals, for every stage of every job."""
+
+    def __init__(self) -> None:
+        self._stages: dict[tuple[str, str], _StageWork] = {}
+
+    def _stage(self, job: str, stage: str, partitions: int = 0) -> _StageWork:
+        key = (job, stage)
+        work = self._stages.get(key)
+        if work is None:
+            work = self._stages[key] = _StageWork(partitions=max(1, partitions))
+        return work
+
+    # -- requests from tasks ----------------------------------------------------------------
+
+    def hello(self, job: str, stage: str, partition: int, partitions: int) -> dict[str, Any]:
+        """A task attempt starts: what an earlier attempt of this partition decided."""
+        work = self._stage(job, stage, partitions)
+        work.started.add(partition)
+        work.finished.discard(partition)
+        work.idle.pop(partition, None)
+        return {
+            "splits": dict(work.splits.get(partition, {})),
+            "assigned": [list(batch) for batch in work.assigned.get(partition, [])],
+        }
+
+    def busy(self, job: str, stage: str, partition: int, seq: int, now: float) -> dict[str, Any]:
+        """A task's bundle `seq` is running. Answers {"split": fraction} when it should split."""
+        work = self._stage(job, stage)
+        work.idle.pop(partition, None)
+        current = work.busy.get(partition)
+        bundle = current[0] if current and current[0].seq == seq else _Bundle(seq, now)
+        work.busy[partition] = (bundle, now)
+        if work.split_asked is not None or work.queue or bundle.unsplittable:
+            return {}
+        waiting = self._waiting(work, now)
+        if not waiting:
+            return {}
+        longest = min(
+            (b.started, p) for p, (b, seen) in work.busy.items()
+            if not b.unsplittable and now - seen < _STALE_AFTER_S
+        )
+        if longest[1] != partition:
+            return {}
+        work.split_asked = (partition, seq)
+        # Keep a share of the remainder, give the rest to the idle tasks.
+        return {"split": 1.0 / (1 + len(waiting))}
+
+    def split_result(
+        self,
+        job: str,
+        stage: str,
+        partition: int,
+        seq: int,
+        record: dict[str, Any] | None,
+        items: list[WorkItem],
+    ) -> dict[str, Any]:
+        """What the asked task's split gave: the record to replay and the residual work."""
+        work = self._stage(job, stage)
+        if work.split_asked == (partition, seq):
+            work.split_asked = None
+        if record is None or not items:
+            entry = work.busy.get(partition)
+            if entry and entry[0].seq == seq:
+                entry[0].unsplittable = True
+            return {}
+        work.splits.setdefault(partition, {})[str(seq)] = record
+        work.queue.append(list(items))
+        work.splits_done += 1
+        work.items_moved += len(items)
+        return {}
+
+    def bundle_done(self, job: str, stage: str, partition: int, seq: int) -> dict[str, Any]:
+        work = self._stage(job, stage)
+        entry = work.busy.get(partition)
+        if entry and entry[0].seq == seq:
+            del work.busy[partition]
+        if work.split_asked == (partition, seq):
+            work.split_asked = None  # finished before it could split
+        return {}
+
+    def want_work(self, job: str, stage: str, partition: int, now: float) -> dict[str, Any]:
+        """A task ran out of input: {"work": items}, {"wait": seconds} or {"exit": True}."""
+        work = self._stage(job, stage)
+        work.busy.pop(partition, None)
+        if work.queue:
+            batch = work.queue.popleft()
+            work.assigned.setdefault(partition, []).append(batch)
+            work.idle.pop(partition, None)
+            return {"work": batch}
+        if len(work.started) < work.partitions:
+            return {"exit": True}  # free the slot for a partition still waiting to start
+        live = [
+            p for p, (b, seen) in work.busy.items()
+            if now - seen < _STALE_AFTER_S and (not b.unsplittable or work.split_asked)
+        ]
+        if not live and work.split_asked is None:
+            work.idle.pop(partition, None)
+            return {"exit": True}
+        work.idle.setdefault(partition, now)
+        return {"wait": 0.05}
+
+    def finished(self, job: str, stage: str, partition: int) -> dict[str, Any]:
+        work = self._stage(job, stage)
+        work.finished.add(partition)
+        work.idle.pop(partition, None)
+        work.busy.pop(partition, None)
+        return {}
+
+    # -- views ------------------------------------------------------------------------------
+
+    def stats(self, job: str, stage: str) -> dict[str, int]:
+        work = self._stages.get((job, stage))
+        if work is None:
+            return {"splits": 0, "items_moved": 0}
+        return {"splits": work.splits_done, "items_moved": work.items_moved}
+
+    def forget(self, job: str) -> None:
+        for key in [k for k in self._stages if k[0] == job]:
+            del self._stages[key]
+
+    def validate(self) -> None:
+        for key, work in self._stages.items():
+            assert not (set(work.busy) & set(work.idle)), f"{key}: busy and idle at once"
+            assert work.started <= set(range(work.partitions)) | work.started
+            for partition, records in work.splits.items():
+                assert partition in work.started, f"{key}: split of a task never started"
+                assert all(r for r in records.values()), f"{key}: empty split record"
+
+    @staticmethod
+    def _waiting(work: _StageWork, now: float) -> list[int]:
+        return [p for p in work.idle if p not in work.busy]
