@@ -111,7 +111,7 @@ def check(mode: str, unit: int, parallelism: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.splits", description=__doc__)
-    parser.add_argument("--unit", type=int, default=150, help="positions of a small restriction")
+    parser.add_argument("--unit", type=int, default=800, help="positions of a small restriction")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)

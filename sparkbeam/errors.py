@@ -66,6 +66,14 @@ class ExecutionError(SparkBeamError):
     """Spark failed to run a stage for a reason other than user code."""
 
 
+class SdkWorkerError(ExecutionError, RuntimeError):
+    """An SDK worker (PROCESS/EXTERNAL environment) could not start, died or was lost."""
+
+
+class SdkWorkerTimeout(SdkWorkerError, TimeoutError):
+    """An SDK worker did not connect in time."""
+
+
 class JobCancelledError(SparkBeamError):
     """The job was cancelled while it ran."""
 

@@ -202,12 +202,16 @@ def _default_environment(options: pipeline_options.PipelineOptions) -> Any:
 
 def _worker_options(options: pipeline_options.PipelineOptions) -> dict[str, Any]:
     """The options SDK workers receive (JSON-safe values only)."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in options.get_all_options(drop_default=True).items():
         try:
             json.dumps(value)
         except (TypeError, ValueError):
             continue
+        # Provisioning carries options in a protobuf Struct, where numbers become floats the
+        # worker's int flags reject ("2.0"): integers travel as text.
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
         out[key] = value
     return out
 

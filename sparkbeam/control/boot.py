@@ -39,6 +39,8 @@ from apache_beam.portability.api import (
 from apache_beam.utils import proto_utils
 from google.protobuf import json_format, text_format
 
+from sparkbeam.errors import SdkWorkerError, SdkWorkerTimeout
+
 if TYPE_CHECKING:
     from sparkbeam.control.grpc_server import ControlConnection, FnApiServer
 
@@ -91,7 +93,7 @@ class SdkWorkerProcess:
                 timeout=30,
             )
             if response.error:
-                raise RuntimeError(
+                raise SdkWorkerError(
                     f"worker pool of environment '{self.environment}' could not start "
                     f"SDK worker {self.worker_id}: {response.error}"
                 )
@@ -113,7 +115,7 @@ class SdkWorkerProcess:
             if death is not None or time.monotonic() >= deadline:
                 self.stop()
                 what = f" ({death})" if death else ""
-                raise TimeoutError(
+                raise SdkWorkerTimeout(
                     f"SDK worker {self.worker_id} for environment '{self.environment}' did "
                     f"not connect to {self.server.address} within {timeout_s:g}s{what}"
                 )

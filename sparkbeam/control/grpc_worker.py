@@ -35,6 +35,7 @@ from apache_beam.utils import proto_utils
 from sparkbeam.control.boot import SdkWorkerProcess
 from sparkbeam.control.embedded import BundleResult, TaskStateHandler
 from sparkbeam.control.grpc_server import FnApiServer, WorkerLostError
+from sparkbeam.errors import SdkWorkerError
 
 _LOG = logging.getLogger(__name__)
 _DATA_INPUT = "beam:runner:source:v1"
@@ -108,8 +109,8 @@ class GrpcWorker:
         """The bundle running now (same name as the embedded worker's)."""
         return self.current_bundle
 
-    def _died(self, bundle_id: str, why: str | None) -> RuntimeError:
-        return RuntimeError(
+    def _died(self, bundle_id: str, why: str | None) -> SdkWorkerError:
+        return SdkWorkerError(
             f"SDK worker {self.sdk.worker_id} for environment '{self.sdk.environment}' died "
             f"while running bundle {bundle_id} of {self.descriptor.id}: {why}"
         )

@@ -187,6 +187,10 @@ class Executor:
 def _stage_error(stage: Stage | None, exc: BaseException) -> Exception:
     text = str(exc)
     payload = parse_error_payload(text)
+    if payload is not None and payload.get("kind") == "worker":
+        return ExecutionError(
+            f"{payload['stage']}: {payload['type']}: {payload['message']}"
+        )
     if payload is not None:
         return UserCodeError(
             stage=payload["stage"],

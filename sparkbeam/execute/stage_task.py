@@ -12,6 +12,7 @@ all its input has been seen), so memory holds one key's state, never a partition
 from __future__ import annotations
 
 import base64
+import contextlib
 import heapq
 import json
 import re
@@ -24,7 +25,7 @@ from typing import Any
 
 from apache_beam.coders.coder_impl import create_OutputStream
 from apache_beam.portability import common_urns
-from apache_beam.portability.api import beam_fn_api_pb2, metrics_pb2
+from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, metrics_pb2
 from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
 from apache_beam.transforms import userstate
 from apache_beam.utils import timestamp
@@ -32,6 +33,7 @@ from apache_beam.utils import timestamp
 from sparkbeam.control.embedded import WORKERS, BundleResult
 from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.control.rebalance_channel import RebalanceClient
+from sparkbeam.errors import SdkWorkerError
 from sparkbeam.execute import worker_context
 from sparkbeam.execute.task_splits import Chunks, TaskSplitter
 from sparkbeam.metrics import merge_infos
@@ -83,35 +85,53 @@ def run_stage_task(
     stage = spec.stage
     key = AttemptKey(spec.job_id, stage.label, *attempt)
     reporter = MetricsReporter(spec.metrics_address, key) if spec.metrics_address else None
-    with _lease(spec) as worker:
-        worker.state.bind_side_inputs(side_inputs)
-        driver = _StageDriver(spec, worker, reporter)
+    with contextlib.ExitStack() as stack:
         try:
-            if spec.rebalance_address and stage.splittable and not stage.keyed_input:
-                driver.splitter = TaskSplitter(
-                    RebalanceClient(spec.rebalance_address, spec.job_id, stage.label, attempt[1]),
-                    spec.partitions, driver._input_ids, driver.route,
-                )
-            if stage.keyed_input:
-                yield from driver.run_keyed(rows)
-            else:
-                yield from driver.run_plain(rows)
-            yield from driver.drain_residuals()
-            if driver.splitter is not None:
-                for chunks in driver.splitter.more_work():
-                    yield from driver.run_bundle(chunks)
-                    yield from driver.drain_residuals()
-                driver.splitter.close()
-        except Exception as exc:  # noqa: BLE001 - any failure is reported with its payload
-            if reporter is not None:
-                reporter.report(driver.infos + worker.failed_bundle_infos, final=True)
-            raise RuntimeError(_error_payload(stage, exc)) from None
-        infos = merge_infos(driver.infos)
+            worker = stack.enter_context(_lease(spec))
+        except SdkWorkerError as exc:
+            raise RuntimeError(_error_payload(stage, exc, kind="worker")) from None
+        yield from _run_leased(spec, worker, rows, side_inputs, attempt, key, reporter)
+
+
+def _run_leased(
+    spec: TaskSpec,
+    worker: Any,
+    rows: Iterable[Row],
+    side_inputs: dict[bytes, list[bytes]],
+    attempt: tuple[int, int, int],
+    key: AttemptKey,
+    reporter: MetricsReporter | None,
+) -> Iterator[OutRow]:
+    stage = spec.stage
+    worker.state.bind_side_inputs(side_inputs)
+    driver = _StageDriver(spec, worker, reporter)
+    try:
+        if spec.rebalance_address and stage.splittable and not stage.keyed_input:
+            driver.splitter = TaskSplitter(
+                RebalanceClient(spec.rebalance_address, spec.job_id, stage.label, attempt[1]),
+                spec.partitions, driver._input_ids, driver.route,
+            )
+        if stage.keyed_input:
+            yield from driver.run_keyed(rows)
+        else:
+            yield from driver.run_plain(rows)
+        yield from driver.drain_residuals()
+        if driver.splitter is not None:
+            for chunks in driver.splitter.more_work():
+                yield from driver.run_bundle(chunks)
+                yield from driver.drain_residuals()
+            driver.splitter.close()
+    except Exception as exc:  # noqa: BLE001 - any failure is reported with its payload
         if reporter is not None:
-            reporter.report(infos, final=True)
-        encoded_key = json.dumps(key.__dict__).encode()
-        for info in infos:
-            yield METRICS_TAG, encoded_key, info.SerializeToString()
+            reporter.report(driver.infos + worker.failed_bundle_infos, final=True)
+        kind = "worker" if isinstance(exc, SdkWorkerError) else "user"
+        raise RuntimeError(_error_payload(stage, exc, kind=kind)) from None
+    infos = merge_infos(driver.infos)
+    if reporter is not None:
+        reporter.report(infos, final=True)
+    encoded_key = json.dumps(key.__dict__).encode()
+    for info in infos:
+        yield METRICS_TAG, encoded_key, info.SerializeToString()
 
 
 def _lease(spec: TaskSpec) -> ContextManager[Any]:
@@ -119,8 +139,7 @@ def _lease(spec: TaskSpec) -> ContextManager[Any]:
     process, or an SDK worker over gRPC for PROCESS and EXTERNAL environments."""
     env_id = spec.stage.environment_id
     if env_id:
-        env = worker_context.pipeline_context(spec.components).environments.get_proto_from_id(
-            env_id)
+        env = beam_runner_api_pb2.Components.FromString(spec.components).environments[env_id]
         if env.urn in GRPC_ENVIRONMENT_URNS:
             from sparkbeam.control.grpc_worker import WORKERS as GRPC_WORKERS
 
@@ -403,7 +422,7 @@ class _Grouper:
         return [chunk for chunk in buffer.partition(1)[0] if chunk]
 
 
-def _error_payload(stage: Stage, exc: BaseException) -> str:
+def _error_payload(stage: Stage, exc: BaseException, kind: str = "user") -> str:
     """Encodes a task failure so the driver can rebuild it whatever Spark wraps it in."""
     text = str(exc)
     match = _WHILE_RUNNING.search(text) or _WHILE_RUNNING.search(
@@ -411,6 +430,7 @@ def _error_payload(stage: Stage, exc: BaseException) -> str:
     )
     transform = match.group(1) if match else (stage.description or stage.label)
     payload = {
+        "kind": kind,  # "user": user code failed; "worker": an SDK worker died or never came
         "stage": stage.display,
         "transform": transform,
         "type": type(exc).__name__,

@@ -118,9 +118,13 @@ class TaskSplitter:
                 request = beam_fn_api_pb2.ProcessBundleSplitRequest(
                     instruction_id=instruction_id,
                     desired_splits={
+                        # Zero elements: the SDK splits the element in progress by the
+                        # fraction and gives away every element after it. Beam's split counts
+                        # elements as equal, and restrictions seldom are: a 20x restriction
+                        # would stay whole while small ones after it moved.
                         self._input_ids[n]: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
                             fraction_of_remainder=float(answer["split"]),
-                            estimated_input_elements=len(elements),
+                            estimated_input_elements=0,
                         )
                         for n, elements in chunks.items() if elements
                     },
