@@ -11,7 +11,11 @@ _RUNNER_FLAG = "--runner=sparkbeam.SparkRunner"
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Runs a pipeline script on the in-process SparkRunner (its own flags follow `--`)."""
+    """Runs a pipeline script on the in-process SparkRunner (its own flags follow `--`).
+
+    The job's messages, progress lines included (`--progress_interval`), reach the user on
+    stderr through the `sparkbeam.runner` logger, which `main` sets up at INFO.
+    """
     pipeline_args = list(args.pipeline_args)
     if pipeline_args[:1] == ["--"]:
         pipeline_args = pipeline_args[1:]

@@ -69,6 +69,13 @@ class SparkOptions(PipelineOptions):
             help="Seconds an SDK worker of a PROCESS or EXTERNAL environment has to connect.",
         )
         add_argument(
+            "--progress_interval",
+            type=float,
+            default=5.0,
+            help="Seconds between progress lines (elements read, bytes, tasks done per stage) "
+            "in the job's messages and log; 0 disables them.",
+        )
+        add_argument(
             "--spark_app_name",
             default="sparkbeam",
             help="Application name of a SparkSession that sparkbeam creates.",

@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from apache_beam.options import pipeline_options
@@ -17,7 +17,12 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
 from apache_beam.transforms import environments
 
-from sparkbeam.control.metrics_channel import MetricsCollector, shared_collector
+from sparkbeam.control.metrics_channel import (
+    MetricsCollector,
+    decode_attempt_key,
+    shared_collector,
+)
+from sparkbeam.control.progress import ProgressTracker, unreported
 from sparkbeam.control.rebalance_channel import RebalanceServer, shared_rebalancer
 from sparkbeam.errors import JobCancelledError, SparkBeamError
 from sparkbeam.metrics import SparkMetrics
@@ -124,10 +129,16 @@ class SparkJob:
             )
             self._set_state(PipelineState.RUNNING)
             started = time.time()
+            watch = _ProgressWatch(
+                self.job_id, ProgressTracker(self.plan.stages), self._collector,
+                executor.stage_partitions, spark_options.progress_interval, self._log,
+            )
+            watch.start()
             try:
                 executor.run(self.plan, self.job_id, self.progress, self.cancelled,
                              log=self._log)
             finally:
+                watch.finish(self.progress.committed_keys())
                 if rebalancer is not None:
                     self._report_splits(rebalancer)
             self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
@@ -186,6 +197,67 @@ class SparkJob:
             for info in infos
         ]
         return SparkMetrics(committed, committed + others)
+
+
+class _ProgressWatch:
+    """The thread that logs a running job's progress lines every `interval` seconds (lines of
+    the stages whose numbers changed), then one line per stage when the job ends."""
+
+    # How long the end waits for committed attempts' final reports still on the wire.
+    FINAL_REPORTS_TIMEOUT_S = 5.0
+
+    def __init__(
+        self,
+        job_id: str,
+        tracker: ProgressTracker,
+        collector: MetricsCollector,
+        partitions: Mapping[str, int],
+        interval: float,
+        log: Callable[[str], None],
+    ) -> None:
+        self._job_id = job_id
+        self._tracker = tracker
+        self._collector = collector
+        self._partitions = partitions  # the executor's, filled as stages are declared
+        self._interval = interval
+        self._log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"sparkbeam-{job_id}-progress", daemon=True
+        )
+
+    def start(self) -> None:
+        if self._interval > 0:
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._emit(final=False)
+
+    def _emit(self, *, final: bool) -> None:
+        reports = self._collector.attempt_reports(self._job_id)
+        lines_of = self._tracker.final if final else self._tracker.changed
+        try:
+            lines = lines_of(reports, dict(self._partitions))
+        except Exception:  # noqa: BLE001 - progress lines are cosmetic: never fail the job
+            _LOG.warning("%s: cannot compute progress", self._job_id, exc_info=True)
+            return
+        for line in lines:
+            self._log(line)
+
+    def finish(self, committed: set[bytes]) -> None:
+        """Stops the thread and logs each stage's last line, once the final reports of the
+        committed attempts have arrived (or a few seconds have passed)."""
+        if self._interval <= 0:
+            return
+        self._stop.set()
+        self._thread.join()
+        keys = [decode_attempt_key(k) for k in committed]
+        deadline = time.monotonic() + self.FINAL_REPORTS_TIMEOUT_S
+        while (unreported(keys, self._collector.attempt_reports(self._job_id))
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        self._emit(final=True)
 
 
 def _default_environment(options: pipeline_options.PipelineOptions) -> Any:

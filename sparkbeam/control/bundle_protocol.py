@@ -86,6 +86,9 @@ class SplitWanted:
     bundle_id: str
     fraction_of_remainder: float
     now: float
+    # Elements the SDK is told the bundle has (default: the exact count sent). 0 makes it split
+    # the element in progress and give away all after it (elements are not equal in size).
+    estimated_elements: int | None = None
 
 @dataclass(frozen=True)
 class SplitReturned:
@@ -342,7 +345,9 @@ class BundleProtocol:
             raise ProtocolError(f"split of bundle {event.bundle_id} (state {b.state.value}): "
                                 f"fraction_of_remainder must be in (0, 1], got "
                                 f"{event.fraction_of_remainder}")
-        desired = {t: (event.fraction_of_remainder, n) for t, n in b.end.items() if n > 0}
+        estimate = event.estimated_elements
+        desired = {t: (event.fraction_of_remainder, n if estimate is None else estimate)
+                   for t, n in b.end.items() if n > 0}
         if b.state is not BundleState.INPUT_CLOSED or b.unsplittable or not desired:
             return []
         b.state = BundleState.SPLITTING

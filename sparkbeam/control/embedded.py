@@ -26,6 +26,9 @@ from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker
 from apache_beam.runners.worker.statecache import StateCache
 
+from sparkbeam.control.bundle_protocol import Reschedule
+from sparkbeam.control.shell import BundleShell, SplitOutcome
+
 _LOG = logging.getLogger(__name__)
 
 # Runner capabilities we declare to the SDK (the same set FnApiRunner declares).
@@ -154,14 +157,15 @@ class BundleResult:
 
     outputs: list[tuple[str, bytes]]  # (DATA_OUTPUT transform id, one encoded element)
     timers: dict[tuple[str, str], list[bytes]]  # (transform, family) -> encoded timer chunks
-    residuals: list[beam_fn_api_pb2.DelayedBundleApplication]
-    monitoring_infos: list[metrics_pb2.MonitoringInfo]
+    reschedules: list[Reschedule]  # residual roots the SDK handed back (work shedding)
+    monitoring_infos: list[metrics_pb2.MonitoringInfo]  # committed once the task succeeds
     elements_in: int = 0
 
 
 @dataclass
 class EmbeddedWorker:
-    """One BundleProcessor with its channel and state handler."""
+    """One BundleProcessor with its channel and state handler: a thin shell that feeds the
+    bundle protocol (`control/shell.py`) and does what it says."""
 
     descriptor: beam_fn_api_pb2.ProcessBundleDescriptor
     channel: EmbeddedChannel = field(default_factory=EmbeddedChannel)
@@ -176,41 +180,64 @@ class EmbeddedWorker:
         self.processor = bundle_processor.BundleProcessor(
             CAPABILITIES, self.descriptor, caching, EmbeddedChannelFactory(self.channel)
         )
+        self.shell = BundleShell(f"embedded-{self.descriptor.id}-{id(self):x}")
 
-    def process(self, inputs: Iterable[Any], bundle_label: str = "") -> BundleResult:
-        """Runs one bundle over `inputs` (Elements.Data / Elements.Timers messages)."""
+    def process(
+        self,
+        inputs: Iterable[Any],
+        bundle_label: str = "",
+        counts: Mapping[str, int] | None = None,
+    ) -> BundleResult:
+        """Runs one bundle over `inputs` (Elements.Data / Elements.Timers messages);
+        `counts` (elements per input transform) lets the bundle be split while it runs."""
         assert self.processor is not None
-        instruction_id = bundle_label or f"{self.descriptor.id}-{next(self._ids):06d}"
+        processor = self.processor
+        inputs = list(inputs)
+        instruction_id = f"{bundle_label or self.descriptor.id}-{next(self._ids):06d}"
+        # The processor was built from the descriptor: nothing to register when asked to.
+        self.shell.begin(instruction_id, self.descriptor.id, inputs, counts)
         self.channel.start_bundle(inputs)
-        with self.processor.state_handler.process_instruction_id(instruction_id, []):
+        with processor.state_handler.process_instruction_id(instruction_id, []):
             self.current_instruction = instruction_id
             try:
-                residuals, needs_finalization = self.processor.process_bundle(instruction_id)
-            except BaseException:
-                # What the failed bundle did still counts as attempted.
+                residuals, needs_finalization = processor.process_bundle(instruction_id)
+            except BaseException as exc:
+                partial: list[metrics_pb2.MonitoringInfo] = []
                 with contextlib.suppress(Exception):
-                    self.failed_bundle_infos = list(self.processor.monitoring_infos())
+                    partial = list(processor.monitoring_infos())
+                # What the failed bundle did counts as attempted, never as committed.
+                _, self.failed_bundle_infos = self.shell.failed(instruction_id, repr(exc), partial)
                 raise
             finally:
                 self.current_instruction = None
-            infos = list(self.processor.monitoring_infos())
-        if needs_finalization:
-            self.processor.finalize_bundle()
+            infos = list(processor.monitoring_infos())
+        outcome = self.shell.succeeded(instruction_id, beam_fn_api_pb2.ProcessBundleResponse(
+            residual_roots=residuals, monitoring_infos=infos,
+            requires_finalization=needs_finalization))
+        if outcome.finalize:
+            processor.finalize_bundle()
         result = BundleResult(
             outputs=self.channel.outputs,
             timers=dict(self.channel.timers),
-            residuals=list(residuals),
-            monitoring_infos=infos,
+            reschedules=outcome.reschedules,
+            monitoring_infos=outcome.monitoring_infos,
         )
-        self.processor.reset()
+        processor.reset()
         self.channel.start_bundle(())
         return result
+
+    def split(self, fraction: float) -> SplitOutcome | None:
+        """Splits the running bundle, keeping `fraction` of the element in progress (called
+        from another thread while `process` runs); None when nothing could be split."""
+        bundle = self.current_instruction
+        if bundle is None:
+            return None
+        return self.shell.split(bundle, fraction, self.try_split)
 
     def try_split(
         self, request: beam_fn_api_pb2.ProcessBundleSplitRequest
     ) -> beam_fn_api_pb2.ProcessBundleSplitResponse:
-        """Splits the running bundle (called from another thread while `process` runs); an
-        empty response when the bundle has finished or cannot split."""
+        """The SDK's answer to a split request for the running bundle (empty when it ended)."""
         processor = self.processor
         if processor is None or request.instruction_id != self.current_instruction:
             return beam_fn_api_pb2.ProcessBundleSplitResponse()

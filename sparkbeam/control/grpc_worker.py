@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from apache_beam.utils import proto_utils
 from sparkbeam.control.boot import SdkWorkerProcess
 from sparkbeam.control.embedded import BundleResult, TaskStateHandler
 from sparkbeam.control.grpc_server import FnApiServer, WorkerLostError
+from sparkbeam.control.shell import BundleShell, SplitOutcome
 from sparkbeam.errors import SdkWorkerError
 
 _LOG = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class GrpcWorker:
 
     sdk: SdkWorkerProcess
     spec: _Descriptor
+    shell: BundleShell  # the bundle protocol of this SDK worker (shared by its leases)
     state: TaskStateHandler = field(default_factory=TaskStateHandler)
     failed_bundle_infos: list[metrics_pb2.MonitoringInfo] = field(default_factory=list)
     current_bundle: str | None = None
@@ -133,14 +135,31 @@ class GrpcWorker:
             except WorkerLostError as exc:
                 raise self._died(bundle_id, str(exc)) from exc
 
-    def process(self, inputs: Iterable[Any], bundle_label: str = "") -> BundleResult:
-        """Runs one bundle over `inputs` (Elements.Data / Elements.Timers messages)."""
+    def process(
+        self,
+        inputs: Iterable[Any],
+        bundle_label: str = "",
+        counts: Mapping[str, int] | None = None,
+    ) -> BundleResult:
+        """Runs one bundle over `inputs` (Elements.Data / Elements.Timers messages);
+        `counts` (elements per input transform) lets the bundle be split while it runs."""
         bundle_id = f"{bundle_label or self.descriptor.id}-{next(_BUNDLE_IDS):06d}"
         server, spec = self.sdk.server, self.spec
+        inputs = list(inputs)
+        if self.shell.begin(bundle_id, spec.proto.id, inputs, counts):
+            server.control.register(spec.proto)  # the SDK fetches it by id when it needs it
         server.state.bind(bundle_id, self.state)
         self.current_bundle = bundle_id
         try:
-            return self._process(bundle_id, list(inputs), server, spec)
+            return self._process(bundle_id, inputs, server, spec)
+        except SdkWorkerError as exc:
+            self.shell.lost(str(exc))
+            raise
+        except Exception as exc:
+            if self.shell.protocol.state_of(bundle_id).terminal:
+                raise
+            _, self.failed_bundle_infos = self.shell.failed(bundle_id, str(exc))
+            raise
         finally:
             self.current_bundle = None
             server.state.unbind(bundle_id)
@@ -201,13 +220,13 @@ class GrpcWorker:
             raise
         response = self._await(future, bundle_id)
         if response.error:
-            self.failed_bundle_infos = list(response.process_bundle.monitoring_infos)
-            raise RuntimeError(
-                f"bundle {bundle_id} of {spec.proto.id} failed on SDK worker "
-                f"{self.sdk.worker_id}: {response.error}"
-            )
+            message, self.failed_bundle_infos = self.shell.failed(
+                bundle_id, f"(descriptor {spec.proto.id}) {response.error}",
+                response.process_bundle.monitoring_infos)
+            raise RuntimeError(message)
         result = response.process_bundle
-        if result.requires_finalization:
+        outcome = self.shell.succeeded(bundle_id, result)
+        if outcome.finalize:
             done = self._await(self.sdk.conn.push(beam_fn_api_pb2.InstructionRequest(
                 instruction_id=f"{bundle_id}-finalize",
                 finalize_bundle=beam_fn_api_pb2.FinalizeBundleRequest(instruction_id=bundle_id),
@@ -217,10 +236,18 @@ class GrpcWorker:
         return BundleResult(
             outputs=outputs,
             timers=dict(out_timers),
-            residuals=list(result.residual_roots),
-            monitoring_infos=list(result.monitoring_infos),
+            reschedules=outcome.reschedules,
+            monitoring_infos=outcome.monitoring_infos,
             elements_in=elements_in,
         )
+
+    def split(self, fraction: float) -> SplitOutcome | None:
+        """Splits the running bundle, keeping `fraction` of the element in progress (called
+        from another thread while `process` runs); None when nothing could be split."""
+        bundle = self.current_bundle
+        if bundle is None:
+            return None
+        return self.shell.split(bundle, fraction, self.try_split)
 
     def try_split(
         self, request: beam_fn_api_pb2.ProcessBundleSplitRequest
@@ -250,6 +277,7 @@ class _Slot:
 
     server: FnApiServer
     sdk: SdkWorkerProcess | None = None
+    shell: BundleShell | None = None
     descriptors: dict[str, _Descriptor] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -286,22 +314,23 @@ class GrpcWorkers:
         """A worker for `descriptor_bytes` on the (possibly new) SDK worker of `environment`."""
         slot = self._slot(environment, pipeline_options)
         with slot.lock:
-            if slot.sdk is not None and slot.sdk.death() is not None:
+            lost = slot.shell is not None and slot.shell.protocol.worker_state.value == "LOST"
+            if slot.sdk is not None and (lost or slot.sdk.death() is not None):
                 _LOG.warning("replacing SDK worker %s: %s", slot.sdk.worker_id, slot.sdk.death())
                 slot.sdk.stop()
                 slot.sdk = None
             if slot.sdk is None:
                 sdk = SdkWorkerProcess(slot.server, environment)
                 sdk.wait_connected(connect_timeout_s)
-                slot.sdk = sdk
-            sdk = slot.sdk
+                slot.sdk, slot.shell = sdk, BundleShell(sdk.worker_id)
+            sdk, shell = slot.sdk, slot.shell
+            assert shell is not None
             digest = hashlib.sha256(descriptor_bytes).hexdigest()
             spec = slot.descriptors.get(digest)
             if spec is None:
                 spec = slot.descriptors[digest] = _Descriptor.for_server(
                     descriptor_bytes, slot.server)
-                slot.server.control.register(spec.proto)
-        worker = GrpcWorker(sdk, spec)
+        worker = GrpcWorker(sdk, spec, shell)
         try:
             yield worker
         finally:

@@ -3,10 +3,12 @@
 Committed metrics travel with a task's output rows, so Spark keeps only those of successful
 attempts. Attempted metrics must also count attempts that failed or are still running, so each
 task attempt sends its cumulative monitoring infos here (rate-limited, and once more when it
-ends, successfully or not). The latest report of each attempt counts once.
+ends, successfully or not). The latest report of each attempt counts once. The same reports
+feed the job's progress lines (`sparkbeam.control.progress`).
 
 Wire format (loopback/cluster TCP, no pickle): 4-byte big-endian length, then a JSON header
-line, then length-prefixed serialized MonitoringInfo messages.
+line (the attempt's key, plus `final`: the attempt's last report, and `ok`: whether the attempt
+succeeded, meaningful when final), then length-prefixed serialized MonitoringInfo messages.
 """
 from __future__ import annotations
 
@@ -40,30 +42,64 @@ class AttemptKey:
     attempt: int
 
 
-def encode_report(key: AttemptKey, infos: Iterable[metrics_pb2.MonitoringInfo]) -> bytes:
-    header = json.dumps(key.__dict__).encode() + b"\n"
+def decode_attempt_key(encoded: bytes) -> AttemptKey:
+    """An AttemptKey from its JSON form (the key metric rows of committed attempts carry)."""
+    return AttemptKey(**json.loads(encoded))
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """The latest report of one attempt: its cumulative infos and whether it has ended."""
+
+    key: AttemptKey
+    infos: list[metrics_pb2.MonitoringInfo]
+    final: bool = False  # the attempt's last report: it has ended
+    ok: bool = True  # with final: the attempt succeeded (False: it failed)
+
+    @property
+    def failed(self) -> bool:
+        return self.final and not self.ok
+
+    @property
+    def succeeded(self) -> bool:
+        return self.final and self.ok
+
+
+def encode_report(
+    key: AttemptKey,
+    infos: Iterable[metrics_pb2.MonitoringInfo],
+    *,
+    final: bool = False,
+    ok: bool = True,
+) -> bytes:
+    """One framed report: length, JSON header line, length-prefixed MonitoringInfos."""
+    header = json.dumps({**key.__dict__, "final": final, "ok": ok}).encode() + b"\n"
     body = b"".join(_LEN.pack(len(b)) + b for b in (i.SerializeToString() for i in infos))
     payload = header + body
     return _LEN.pack(len(payload)) + payload
 
 
-def decode_report(payload: bytes) -> tuple[AttemptKey, list[metrics_pb2.MonitoringInfo]]:
-    header, _, body = payload.partition(b"\n")
-    key = AttemptKey(**json.loads(header))
+def decode_report(payload: bytes) -> AttemptReport:
+    """The report in `payload` (a frame without its length prefix)."""
+    header_line, _, body = payload.partition(b"\n")
+    header = json.loads(header_line)
+    final = bool(header.pop("final", False))
+    ok = bool(header.pop("ok", True))
+    key = AttemptKey(**header)
     infos, pos = [], 0
     while pos < len(body):
         (n,) = _LEN.unpack_from(body, pos)
         pos += _LEN.size
         infos.append(metrics_pb2.MonitoringInfo.FromString(body[pos:pos + n]))
         pos += n
-    return key, infos
+    return AttemptReport(key, infos, final=final, ok=ok)
 
 
 class MetricsCollector:
     """Driver side: a small TCP server keeping the latest report of every attempt."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._latest: dict[AttemptKey, list[metrics_pb2.MonitoringInfo]] = {}
+        self._latest: dict[AttemptKey, AttemptReport] = {}
         self._lock = threading.Lock()
         collector = self
 
@@ -81,11 +117,11 @@ class MetricsCollector:
                     if len(data) < n:
                         return
                     try:
-                        key, infos = decode_report(data)
+                        report = decode_report(data)
                     except (ValueError, TypeError, KeyError) as exc:
                         _LOG.warning("malformed metrics report: %s", exc)
                         return
-                    collector._store(key, infos)
+                    collector._store(report)
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
@@ -98,14 +134,19 @@ class MetricsCollector:
         )
         self._thread.start()
 
-    def _store(self, key: AttemptKey, infos: list[metrics_pb2.MonitoringInfo]) -> None:
+    def _store(self, report: AttemptReport) -> None:
         with self._lock:
-            self._latest[key] = infos
+            self._latest[report.key] = report
 
     def reports(self, job: str) -> dict[AttemptKey, list[metrics_pb2.MonitoringInfo]]:
         """The latest infos of every attempt of `job` reported so far."""
         with self._lock:
-            return {key: infos for key, infos in self._latest.items() if key.job == job}
+            return {key: r.infos for key, r in self._latest.items() if key.job == job}
+
+    def attempt_reports(self, job: str) -> dict[AttemptKey, AttemptReport]:
+        """The latest report of every attempt of `job`, with whether the attempt has ended."""
+        with self._lock:
+            return {key: r for key, r in self._latest.items() if key.job == job}
 
     def forget(self, job: str) -> None:
         with self._lock:
@@ -140,7 +181,11 @@ class MetricsReporter:
         self._sock: socket.socket | None = None
         self._broken = False
 
-    def report(self, infos: list[metrics_pb2.MonitoringInfo], *, final: bool = False) -> None:
+    def report(
+        self, infos: list[metrics_pb2.MonitoringInfo], *, final: bool = False, ok: bool = True
+    ) -> None:
+        """Sends `infos` (cumulative) unless the last report was under `interval` ago; a
+        `final` report (the attempt has ended; `ok`: it succeeded) is always sent."""
         now = time.monotonic()
         if self._broken or (not final and now - self._last < self._interval):
             return
@@ -150,7 +195,7 @@ class MetricsReporter:
                 host, port = self._address.rsplit(":", 1)
                 self._sock = socket.create_connection((host, int(port)), timeout=5)
             merged = list(monitoring_infos.consolidate(infos))
-            self._sock.sendall(encode_report(self._key, merged))
+            self._sock.sendall(encode_report(self._key, merged, final=final, ok=ok))
         except OSError as exc:
             # Live metrics are best effort: committed metrics still travel with the rows.
             _LOG.warning("cannot report metrics to %s: %s", self._address, exc)

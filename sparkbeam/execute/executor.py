@@ -78,6 +78,8 @@ class Executor:
     def __init__(self, datasets: Datasets, settings: ExecutionSettings) -> None:
         self.ds = datasets
         self.settings = settings
+        self._partitions: dict[int, int] = {}  # id(buffer DataFrame) -> its partitions
+        self.stage_partitions: dict[str, int] = {}  # stage label -> its tasks
 
     def run(
         self,
@@ -141,17 +143,23 @@ class Executor:
         cancelled: threading.Event,
     ) -> Any:
         inputs = []
+        partitions = 0  # how many tasks the stage will have (mapInArrow keeps partitioning)
         for n, inp in enumerate(stage.inputs):
             if inp.buffer_id == IMPULSE_BUFFER:
                 df = self.ds.impulse(ENCODED_IMPULSE_VALUE)
+                partitions += 1
             else:
-                df = self.ds.union(buffers.get(inp.buffer_id, []))
+                parts = buffers.get(inp.buffer_id, [])
+                df = self.ds.union(parts)
+                partitions += sum(self._partitions.get(id(part), 1) for part in parts)
             inputs.append(self.ds.as_input(df, n))
         stage_in = self.ds.union(inputs)
         if stage.keyed_input:
             stage_in = self.ds.by_key(stage_in)
+            partitions = self.ds.parallelism
         elif stage.splittable:
             stage_in = self.ds.spread(stage_in)
+            partitions = self.ds.parallelism
         shipped = None
         if stage.side_inputs:
             for use in stage.side_inputs:
@@ -174,13 +182,16 @@ class Executor:
             job_id=job_id,
             metrics_address=self.settings.metrics_address,
             rebalance_address=self.settings.rebalance_address if stage.splittable else None,
-            partitions=self.ds.parallelism,
+            partitions=max(1, partitions),
             pipeline_options=self.settings.pipeline_options,
             worker_connect_timeout_s=self.settings.worker_connect_timeout_s,
         )
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped))
         for index, output in enumerate(stage.outputs):
-            buffers.setdefault(output.buffer_id, []).append(self.ds.select_tag(out, index))
+            selected = self.ds.select_tag(out, index)
+            self._partitions[id(selected)] = max(1, partitions)
+            buffers.setdefault(output.buffer_id, []).append(selected)
+        self.stage_partitions[stage.label] = max(1, partitions)
         return out
 
 

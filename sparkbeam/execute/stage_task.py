@@ -123,7 +123,7 @@ def _run_leased(
             driver.splitter.close()
     except Exception as exc:  # noqa: BLE001 - any failure is reported with its payload
         if reporter is not None:
-            reporter.report(driver.infos + worker.failed_bundle_infos, final=True)
+            reporter.report(driver.infos + worker.failed_bundle_infos, final=True, ok=False)
         kind = "worker" if isinstance(exc, SdkWorkerError) else "user"
         raise RuntimeError(_error_payload(stage, exc, kind=kind)) from None
     infos = merge_infos(driver.infos)
@@ -199,26 +199,28 @@ class _StageDriver:
                         pcoll_to_input[pcoll] = pcoll_to_input[source]
         self._pcoll_to_input = pcoll_to_input
         self.splitter: TaskSplitter | None = None
-        self._residuals: list[tuple[float, int, beam_fn_api_pb2.DelayedBundleApplication]] = []
+        self._residuals: list[tuple[float, int, beam_fn_api_pb2.BundleApplication]] = []
         self._seq = 0
         # Pending timers of unfinished keys: (transform, family) -> {(key, tag, window): Timer}
         self._timers: dict[tuple[str, str], dict[tuple, userstate.Timer]] = {}
 
     # -- bundles ---------------------------------------------------------------------------
 
-    def _run(self, inputs: list[beam_fn_api_pb2.Elements.Data | beam_fn_api_pb2.Elements.Timers]
-             ) -> Iterator[OutRow]:
-        result: BundleResult = self.worker.process(inputs)
+    def _run(
+        self,
+        inputs: list[beam_fn_api_pb2.Elements.Data | beam_fn_api_pb2.Elements.Timers],
+        counts: dict[str, int] | None = None,
+    ) -> Iterator[OutRow]:
+        result: BundleResult = self.worker.process(inputs, counts=counts)
         self.infos.extend(result.monitoring_infos)
         if len(self.infos) > 2000:
             self.infos = merge_infos(self.infos)
         if self.reporter is not None:
             self.reporter.report(self.infos)
-        now = time.time()
-        for residual in result.residuals:
-            delay = residual.requested_time_delay.ToTimedelta().total_seconds()
+        for reschedule in result.reschedules:
             self._seq += 1
-            heapq.heappush(self._residuals, (now + delay, self._seq, residual))
+            heapq.heappush(
+                self._residuals, (reschedule.not_before, self._seq, reschedule.application))
         if result.timers:
             self._collect_timers(result.timers)
         for transform_id, data in result.outputs:
@@ -228,6 +230,11 @@ class _StageDriver:
                 wv = keyed[0].decode_nested(data)
                 key = keyed[1].encode_nested(wv.value[0])
             yield self._out_index[transform_id], key, data
+
+    def _run_chunks(self, chunks: Chunks) -> Iterator[OutRow]:
+        """One bundle of data elements (input index -> encoded elements)."""
+        counts = {self._input_ids[n]: len(parts) for n, parts in chunks.items() if parts}
+        return self._run(self._data(chunks), counts)
 
     def _data(self, chunks: dict[int, list[bytes]]) -> list[beam_fn_api_pb2.Elements.Data]:
         return [
@@ -254,15 +261,14 @@ class _StageDriver:
     def run_bundle(self, chunks: Chunks) -> Iterator[OutRow]:
         """One bundle of a plain stage; splittable when the driver rebalances the stage."""
         if self.splitter is None:
-            yield from self._run(self._data(chunks))
+            yield from self._run_chunks(chunks)
             return
         seq, chunks, may_split = self.splitter.next_bundle(chunks)
         if not may_split:
-            yield from self._run(self._data(chunks))
+            yield from self._run_chunks(chunks)
             return
-        worker = self.worker
-        with self.splitter.watching(seq, chunks, worker, lambda: worker.current_instruction):
-            rows = list(self._run(self._data(chunks)))
+        with self.splitter.watching(seq, chunks, self.worker):
+            rows = list(self._run_chunks(chunks))
         yield from rows
 
     def route(self, app: beam_fn_api_pb2.BundleApplication) -> int:
@@ -295,14 +301,14 @@ class _StageDriver:
                 if key != current[0] and (
                     count >= self.spec.bundle_size or size >= self.spec.bundle_bytes
                 ):
-                    yield from self._run(self._data(chunks))
+                    yield from self._run_chunks(chunks)
                     chunks, count, size = {}, 0, 0
                     yield from self._finish_keys()
             elif n not in self._groupers and (
                 count >= self.spec.bundle_size or size >= self.spec.bundle_bytes
             ):
                 # One key bigger than a bundle: cut the bundle inside the key, finish it later.
-                yield from self._run(self._data(chunks))
+                yield from self._run_chunks(chunks)
                 chunks, count, size = {}, 0, 0
             current = (key, n)
             if n in self._groupers:
@@ -313,7 +319,7 @@ class _StageDriver:
                 size += len(value)
         close_run()
         if count:
-            yield from self._run(self._data(chunks))
+            yield from self._run_chunks(chunks)
         yield from self._finish_keys()
 
     # -- timers ----------------------------------------------------------------------------
@@ -399,11 +405,10 @@ class _StageDriver:
             while self._residuals and self._residuals[0][0] <= now and (
                 count < self.spec.bundle_size
             ):
-                _, _, residual = heapq.heappop(self._residuals)
-                app = residual.application
+                _, _, app = heapq.heappop(self._residuals)
                 chunks.setdefault(self.route(app), []).append(app.element)
                 count += 1
-            yield from self._run(self._data(chunks))
+            yield from self._run_chunks(chunks)
             yield from self._finish_keys()
 
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from apache_beam.portability.api import beam_fn_api_pb2
 
 from sparkbeam.control.rebalance_channel import RebalanceClient
+from sparkbeam.control.shell import SplitOutcome
 
 _LOG = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -30,9 +31,9 @@ Chunks = dict[int, list[bytes]]  # stage input index -> encoded elements
 
 
 class Splittable(Protocol):
-    def try_split(
-        self, request: beam_fn_api_pb2.ProcessBundleSplitRequest
-    ) -> beam_fn_api_pb2.ProcessBundleSplitResponse: ...
+    """A worker whose running bundle can be split (embedded or gRPC)."""
+
+    def split(self, fraction: float) -> SplitOutcome | None: ...
 
 
 class TaskSplitter:
@@ -73,13 +74,11 @@ class TaskSplitter:
         return seq, kept, False
 
     @contextlib.contextmanager
-    def watching(
-        self, seq: int, chunks: Chunks, worker: Splittable, instruction: Callable[[], str | None]
-    ) -> Iterator[None]:
+    def watching(self, seq: int, chunks: Chunks, worker: Splittable) -> Iterator[None]:
         """Runs the split monitor while the bundle `seq` runs in the caller's thread."""
         stop = threading.Event()
         monitor = threading.Thread(
-            target=self._monitor, args=(seq, chunks, worker, instruction, stop),
+            target=self._monitor, args=(seq, chunks, worker, stop),
             name=f"sparkbeam-split-{seq}", daemon=True,
         )
         monitor.start()
@@ -95,42 +94,20 @@ class TaskSplitter:
             ) from self._failure
 
     def _monitor(
-        self,
-        seq: int,
-        chunks: Chunks,
-        worker: Splittable,
-        instruction: Callable[[], str | None],
-        stop: threading.Event,
+        self, seq: int, chunks: Chunks, worker: Splittable, stop: threading.Event
     ) -> None:
-        split_asked = False
         while not stop.wait(_POLL_S):
             try:
                 answer = self._client.busy(seq)
             except (OSError, ConnectionError) as exc:
                 _LOG.warning("rebalancing unavailable, bundle %d runs unsplit: %s", seq, exc)
                 return
-            if "split" not in answer or split_asked:
+            if "split" not in answer:
                 continue
-            split_asked = True
-            instruction_id = instruction()
-            response = beam_fn_api_pb2.ProcessBundleSplitResponse()
-            if instruction_id is not None:
-                request = beam_fn_api_pb2.ProcessBundleSplitRequest(
-                    instruction_id=instruction_id,
-                    desired_splits={
-                        # Zero elements: the SDK splits the element in progress by the
-                        # fraction and gives away every element after it. Beam's split counts
-                        # elements as equal, and restrictions seldom are: a 20x restriction
-                        # would stay whole while small ones after it moved.
-                        self._input_ids[n]: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
-                            fraction_of_remainder=float(answer["split"]),
-                            estimated_input_elements=0,
-                        )
-                        for n, elements in chunks.items() if elements
-                    },
-                )
-                response = worker.try_split(request)
-            record, items = self._residual(response, chunks)
+            # A later split of the same bundle supersedes the earlier record: its primary
+            # lies within the earlier one, so replaying the latest is replaying all.
+            outcome = worker.split(float(answer["split"]))
+            record, items = self._residual(outcome, chunks)
             try:
                 self._client.split_result(seq, record, items)
             except (OSError, ConnectionError) as exc:
@@ -141,20 +118,23 @@ class TaskSplitter:
                 self.splits += 1
 
     def _residual(
-        self, response: beam_fn_api_pb2.ProcessBundleSplitResponse, chunks: Chunks
+        self, outcome: SplitOutcome | None, chunks: Chunks
     ) -> tuple[dict[str, Any] | None, list[tuple[int, str]]]:
-        items: list[tuple[int, str]] = []
-        keep: dict[str, int] = {}
-        for split in response.channel_splits:
-            n = self._input_ids.index(split.transform_id)
-            elements = chunks.get(n, [])
-            keep[str(n)] = split.last_primary_element + 1
-            items.extend((n, _b64(e)) for e in elements[split.first_residual_element:])
-        for root in response.residual_roots:
-            items.append((self._route(root.application), _b64(root.application.element)))
-        primary = [(self._route(r), _b64(r.element)) for r in response.primary_roots]
-        if not keep and not primary and not items:
+        """What a retry replays (elements kept per input, primary roots) and the work that
+        goes to other tasks (inputs the SDK gave back, residual roots), from the protocol."""
+        if outcome is None:
             return None, []
+        items: list[tuple[int, str]] = []
+        for resend in outcome.resends:
+            n = self._input_ids.index(resend.transform_id)
+            elements = chunks.get(n, [])[resend.first_element:resend.last_element + 1]
+            items.extend((n, _b64(e)) for e in elements)
+        for reschedule in outcome.reschedules:
+            items.append((self._route(reschedule.application),
+                          _b64(reschedule.application.element)))
+        keep = {str(self._input_ids.index(c.transform_id)): c.last_primary_element + 1
+                for c in outcome.channel_splits}
+        primary = [(self._route(r), _b64(r.element)) for r in outcome.primary_roots]
         return {"keep": keep, "primary": primary}, items
 
     def more_work(self) -> Iterator[Chunks]:

@@ -45,3 +45,22 @@ def test_extra_package_sdist_is_importable_in_spark_tasks(tmp_path: Path) -> Non
             assert_that(p | beam.Create([1, 2]) | beam.Map(_add_offset), equal_to([1001, 1002]))
     finally:
         server.stop()
+
+
+def test_loopback_clients_run_user_code_in_their_own_process(tmp_path: Path) -> None:
+    """LOOPBACK: Spark tasks drive the client's own SDK worker over the gRPC Fn API, so user
+    code runs in the submitting process (what Beam users expect of LOOPBACK)."""
+    import os
+
+    server = JobServer(SparkJobExecutor(), artifacts_dir=str(tmp_path / "artifacts"))
+    server.start()
+    try:
+        options = PipelineOptions([
+            "--runner=PortableRunner", f"--job_endpoint={server.endpoint}",
+            "--environment_type=LOOPBACK",
+        ])
+        with beam.Pipeline(options=options) as p:
+            pids = p | beam.Create([1, 2, 3]) | beam.Map(lambda _: os.getpid())
+            assert_that(pids, equal_to([os.getpid()] * 3))
+    finally:
+        server.stop()
