@@ -282,7 +282,10 @@ def stateful_ordered_list_state(p):  # type: ignore[no-untyped-def]
 
 
 class CountTo(beam.DoFn):
-    """A splittable DoFn that emits 0..n-1 and checkpoints every 7 elements."""
+    """A splittable DoFn that emits 0..n-1 and checkpoints every `every` elements."""
+
+    def __init__(self, every: int = 7) -> None:
+        self._every = every
 
     class Provider(beam.transforms.core.RestrictionProvider):
         def initial_restriction(self, n):  # type: ignore[no-untyped-def]
@@ -306,7 +309,7 @@ class CountTo(beam.DoFn):
             yield (n, position)
             position += 1
             emitted += 1
-            if emitted == 7:
+            if emitted == self._every:
                 tracker.defer_remainder()
                 return
 
@@ -314,6 +317,13 @@ class CountTo(beam.DoFn):
 @pipeline
 def splittable_dofn_checkpoints(p):  # type: ignore[no-untyped-def]
     return p | beam.Create([25, 40, 3]) | beam.ParDo(CountTo())
+
+
+@pipeline
+def splittable_dofn_checkpoints_after_every_element(p):  # type: ignore[no-untyped-def]
+    """Work shedding at its limit: every element ends in a checkpoint, each residual is
+    rescheduled as new work; every output must still come out exactly once."""
+    return p | beam.Create([30, 12]) | beam.ParDo(CountTo(every=1))
 
 
 @pipeline

@@ -186,3 +186,38 @@ def test_a_stage_output_read_by_two_stages_is_computed_once(tmp_path) -> None:  
     p.run().wait_until_finish()
     seen = log.read_text().split()
     assert sorted(map(int, seen)) == list(range(60))  # each element processed exactly once
+
+
+class _SetupLog(beam.DoFn):
+    """Appends this process's pid on setup and on each bundle start."""
+
+    def __init__(self, directory: str) -> None:
+        self._dir = directory
+
+    def _log(self, name: str) -> None:
+        with open(os.path.join(self._dir, name), "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def setup(self) -> None:
+        self._log("setups")
+
+    def start_bundle(self) -> None:
+        self._log("bundles")
+
+    def process(self, x):  # type: ignore[no-untyped-def]
+        yield x
+
+
+def test_a_descriptor_is_set_up_once_per_python_worker_not_per_bundle(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """8 tasks of 250 bundles: the stage's descriptor (and its DoFns) is built once in each
+    Python worker process, then reused by every later task and bundle there."""
+    p = _pipeline("--parallelism=8", "--bundle_size=8")
+    out = p | beam.Create(range(2000)) | beam.Reshuffle() | beam.ParDo(_SetupLog(str(tmp_path)))
+    assert_that(out, equal_to(list(range(2000))))
+    p.run().wait_until_finish()
+    setups = (tmp_path / "setups").read_text().split()
+    bundles = (tmp_path / "bundles").read_text().split()
+    assert len(bundles) >= 250
+    assert len(setups) == len(set(setups)), f"set up twice in one process: {setups}"
+    assert set(setups) == set(bundles)  # every process that ran bundles set up once
+    assert len(setups) < 8, f"{len(setups)} setups for 8 tasks: workers were not reused"
