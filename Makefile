@@ -45,6 +45,7 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	bash bench/install.sh $(PY)
 	$(PY) -m bench.splits
+	$(PY) -m bench.modes
 	$(PY) -m bench.run --scale full
 
 bench-quick: $(STAMP)

@@ -269,11 +269,13 @@ def markdown(results: dict[str, Any]) -> str:
         # Hand-written: targets met or missed and what the profile says; kept across runs.
         with open(analysis) as f:
             out += [f.read().rstrip(), ""]
-    splits = os.path.join(os.path.dirname(os.path.abspath(__file__)), "SPLITS.md")
-    if os.path.exists(splits):
-        # Written by `python -m bench.splits` (dynamic work rebalancing, off vs on).
-        with open(splits) as f:
-            out += [f.read().rstrip(), ""]
+    for extra in ("SPLITS.md", "MODES.md"):
+        # Written by `python -m bench.splits` (dynamic splitting off vs on) and
+        # `python -m bench.modes` (local vs standalone vs Connect).
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), extra)
+        if os.path.exists(path):
+            with open(path) as f:
+                out += [f.read().rstrip(), ""]
     out += ["## Chart", "", "![run time ratios and scaling](results.png)", ""]
     return "\n".join(out)
 

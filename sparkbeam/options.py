@@ -19,9 +19,9 @@ class SparkOptions(PipelineOptions):
 
         add_argument(
             "--spark_master",
-            default="local[*]",
+            default=None,
             help="Spark master URL for a new session (local[*], spark://host:port, yarn, "
-            "k8s://...). "
+            "k8s://...). Default: the master spark-submit was given, else local[*]. "
             "An active SparkSession is reused when there is one.",
         )
         add_argument(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -91,7 +92,10 @@ def get_session(options: SparkOptions) -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     remote = getattr(options, "spark_remote", None)
     builder = SparkSession.builder
-    builder = builder.remote(remote) if remote else builder.master(options.spark_master)
+    if remote:
+        builder = builder.remote(remote)
+    elif options.spark_master or not _submitted_master():
+        builder = builder.master(options.spark_master or "local[*]")
     builder = builder.appName(options.spark_app_name)
     defaults = {
         **session_config(),
@@ -103,6 +107,18 @@ def get_session(options: SparkOptions) -> SparkSession:
     for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _submitted_master() -> str | None:
+    """The master spark-submit passed to this driver (it starts the JVM first and hands us
+    the gateway), so a plain `--runner=sparkbeam.SparkRunner` runs where it was submitted."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # attach to spark-submit's JVM, whose conf has the master
+    master = SparkConf().get("spark.master", None)
+    return str(master) if master else None
 
 
 class Datasets:
@@ -150,6 +166,7 @@ class Datasets:
         self,
         df: DataFrame,
         task: Callable[[Iterator[tuple[int, Any, bytes]], tuple[int, int, int]], Iterator[tuple]],
+        name: str = "",
     ) -> DataFrame:
         """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,
         partition id, attempt number). The output is persisted once, so every consumer reads
@@ -162,6 +179,9 @@ class Datasets:
             attempt = (tc.stageId(), tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
             yield from _to_batches(task(_rows(batches), attempt))
 
+        if name:
+            # The SQL tab of the Spark UI names each MapInArrow node by its function.
+            arrow_task.__name__ = arrow_task.__qualname__ = _ui_name(name)
         return df.mapInArrow(arrow_task, OUT_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
 
     def collect_tag(self, df: DataFrame, tag: int) -> list[tuple[bytes | None, bytes]]:
@@ -280,6 +300,11 @@ def _client_host(spark: Any) -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+def _ui_name(text: str, limit: int = 120) -> str:
+    """`stage-003 [Count/CombinePerKey]` as an identifier: stage_003__Count_CombinePerKey."""
+    return re.sub(r"\W+", "_", text).strip("_")[:limit] or "sparkbeam_stage"
 
 
 def _union(dfs: list[DataFrame]) -> DataFrame:

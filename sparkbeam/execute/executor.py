@@ -15,10 +15,10 @@ from sparkbeam.errors import ExecutionError, JobCancelledError, UserCodeError
 from sparkbeam.execute import worker_context
 from sparkbeam.execute.dataset import Datasets
 from sparkbeam.execute.side_inputs import side_input_state
+from sparkbeam.execute.task_errors import parse_error_payload
 from sparkbeam.execute.stage_task import (
     METRICS_TAG,
     TaskSpec,
-    parse_error_payload,
     run_stage_task,
 )
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage
@@ -186,7 +186,7 @@ class Executor:
             pipeline_options=self.settings.pipeline_options,
             worker_connect_timeout_s=self.settings.worker_connect_timeout_s,
         )
-        out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped))
+        out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display)
         for index, output in enumerate(stage.outputs):
             selected = self.ds.select_tag(out, index)
             self._partitions[id(selected)] = max(1, partitions)

@@ -11,13 +11,11 @@ all its input has been seen), so memory holds one key's state, never a partition
 """
 from __future__ import annotations
 
-import base64
 import contextlib
 import heapq
 import json
-import re
+import logging
 import time
-import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
@@ -35,18 +33,18 @@ from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.errors import SdkWorkerError
 from sparkbeam.execute import worker_context
+from sparkbeam.execute.task_errors import error_payload
 from sparkbeam.execute.task_splits import Chunks, TaskSplitter
 from sparkbeam.metrics import merge_infos
 from sparkbeam.plan.model import Grouping, Stage
 
+_LOG = logging.getLogger(__name__)
 TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
 GRPC_ENVIRONMENT_URNS = frozenset(
     [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn]
 )
 METRICS_TAG = -1
-ERROR_MARKER = "SPARKBEAM-TASK-ERROR:"
 _MAX_TIMER_ROUNDS = 1_000_000
-_WHILE_RUNNING = re.compile(r"\[while running '(.+?)'\]")
 
 Row = tuple[int, bytes | None, bytes]  # (input index, key, value)
 OutRow = tuple[int, bytes | None, bytes]  # (output index or METRICS_TAG, key, value)
@@ -89,7 +87,7 @@ def run_stage_task(
         try:
             worker = stack.enter_context(_lease(spec))
         except SdkWorkerError as exc:
-            raise RuntimeError(_error_payload(stage, exc, kind="worker")) from None
+            raise RuntimeError(error_payload(stage, exc, kind="worker")) from None
         yield from _run_leased(spec, worker, rows, side_inputs, attempt, key, reporter)
 
 
@@ -107,10 +105,7 @@ def _run_leased(
     driver = _StageDriver(spec, worker, reporter)
     try:
         if spec.rebalance_address and stage.splittable and not stage.keyed_input:
-            driver.splitter = TaskSplitter(
-                RebalanceClient(spec.rebalance_address, spec.job_id, stage.label, attempt[1]),
-                spec.partitions, driver._input_ids, driver.route,
-            )
+            driver.splitter = _splitter(spec, driver, attempt)
         if stage.keyed_input:
             yield from driver.run_keyed(rows)
         else:
@@ -125,13 +120,30 @@ def _run_leased(
         if reporter is not None:
             reporter.report(driver.infos + worker.failed_bundle_infos, final=True, ok=False)
         kind = "worker" if isinstance(exc, SdkWorkerError) else "user"
-        raise RuntimeError(_error_payload(stage, exc, kind=kind)) from None
+        raise RuntimeError(error_payload(stage, exc, kind=kind)) from None
     infos = merge_infos(driver.infos)
     if reporter is not None:
         reporter.report(infos, final=True)
     encoded_key = json.dumps(key.__dict__).encode()
     for info in infos:
         yield METRICS_TAG, encoded_key, info.SerializeToString()
+
+
+def _splitter(
+    spec: TaskSpec, driver: _StageDriver, attempt: tuple[int, int, int]
+) -> TaskSplitter | None:
+    """This task's end of dynamic rebalancing; None (the task runs unsplit) when a first
+    attempt cannot reach the driver. A retry must: an earlier attempt may have split."""
+    assert spec.rebalance_address is not None
+    try:
+        client = RebalanceClient(spec.rebalance_address, spec.job_id, spec.stage.label, attempt[1])
+        return TaskSplitter(client, spec.partitions, driver._input_ids, driver.route)
+    except (OSError, ConnectionError) as exc:
+        if attempt[2] > 0:
+            raise
+        _LOG.warning("%s: no dynamic splitting (driver unreachable at %s: %s)",
+                     spec.stage.label, spec.rebalance_address, exc)
+        return None
 
 
 def _lease(spec: TaskSpec) -> ContextManager[Any]:
@@ -425,30 +437,3 @@ class _Grouper:
         buffer = GroupingBuffer(self._pre, self._post, self._windowing)
         buffer.append(b"".join(values))
         return [chunk for chunk in buffer.partition(1)[0] if chunk]
-
-
-def _error_payload(stage: Stage, exc: BaseException, kind: str = "user") -> str:
-    """Encodes a task failure so the driver can rebuild it whatever Spark wraps it in."""
-    text = str(exc)
-    match = _WHILE_RUNNING.search(text) or _WHILE_RUNNING.search(
-        "".join(traceback.format_exception(exc))
-    )
-    transform = match.group(1) if match else (stage.description or stage.label)
-    payload = {
-        "kind": kind,  # "user": user code failed; "worker": an SDK worker died or never came
-        "stage": stage.display,
-        "transform": transform,
-        "type": type(exc).__name__,
-        "message": _WHILE_RUNNING.sub("", text).strip(),
-        "traceback": "".join(traceback.format_exception(exc))[-20000:],
-    }
-    encoded = base64.b64encode(json.dumps(payload).encode()).decode()
-    return f"{ERROR_MARKER}{encoded}:END in {stage.display}: {type(exc).__name__}: {text[:500]}"
-
-
-def parse_error_payload(text: str) -> dict[str, str] | None:
-    """The payload a failed task raised, found in any error text that carries it."""
-    match = re.search(re.escape(ERROR_MARKER) + r"([A-Za-z0-9+/=]+):END", text)
-    if not match:
-        return None
-    return json.loads(base64.b64decode(match.group(1)))

@@ -117,11 +117,11 @@ def cluster_tmp() -> Iterator[str]:
         yield d
 
 
-@pytest.fixture(scope="module")
-def connect_server(cluster_tmp: str) -> Iterator[str]:
+@contextlib.contextmanager
+def connect_cluster(workdir: str) -> Iterator[str]:
     """A Spark Connect server (local[2]) in a child process; yields its sc:// URL."""
     port = free_port()
-    log = os.path.join(cluster_tmp, "connect-server.log")
+    log = os.path.join(workdir, f"connect-server-{port}.log")
     proc = start([sys.executable, "-m", "tests.cluster.connect_server", str(port)], log,
                  child_env())
     try:
@@ -132,8 +132,22 @@ def connect_server(cluster_tmp: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def connect_server(cluster_tmp: str) -> Iterator[str]:
+    with connect_cluster(cluster_tmp) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def standalone_master(cluster_tmp: str) -> Iterator[str]:
-    """A standalone master and one worker (1 core, 512m) on 127.0.0.1; yields spark://..."""
+    with standalone_cluster(cluster_tmp) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def standalone_cluster(cluster_tmp: str) -> Iterator[str]:
+    """A standalone master and two workers (1 core, 512m each) on 127.0.0.1; yields spark://.
+
+    `standalone_workers[url]` lists the workers' process groups (a test may kill one)."""
     import pyspark
 
     spark_home = os.path.dirname(pyspark.__file__)
@@ -141,19 +155,40 @@ def standalone_master(cluster_tmp: str) -> Iterator[str]:
     env = child_env(SPARK_HOME=spark_home)
     port = free_port()
     url = f"spark://127.0.0.1:{port}"
-    master_log = os.path.join(cluster_tmp, "master.log")
-    worker_log = os.path.join(cluster_tmp, "worker.log")
-    work_dir = os.path.join(cluster_tmp, "worker-work")
-    os.makedirs(work_dir)
+    run = os.path.join(cluster_tmp, f"standalone-{port}")
+    os.makedirs(run)
+    master_log = os.path.join(run, "master.log")
     procs = [start([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(port), "--webui-port", "0"], master_log, env)]
     try:
         wait_for(procs[0], master_log, "I have been elected leader")
-        procs.append(start([spark_class, "org.apache.spark.deploy.worker.Worker", url,
-                            "--host", "127.0.0.1", "--cores", "1", "--memory", "512m",
-                            "--webui-port", "0", "--work-dir", work_dir], worker_log, env))
-        wait_for(procs[1], worker_log, "Successfully registered with master")
+        for n in range(2):
+            log = os.path.join(run, f"worker-{n}.log")
+            work_dir = os.path.join(run, f"worker-{n}-work")
+            os.makedirs(work_dir)
+            procs.append(start([spark_class, "org.apache.spark.deploy.worker.Worker", url,
+                                "--host", "127.0.0.1", "--cores", "1", "--memory", "512m",
+                                "--webui-port", "0", "--work-dir", work_dir], log, env))
+            wait_for(procs[-1], log, "Successfully registered with master")
+        standalone_workers[url] = procs[1:]
         yield url
     finally:
+        standalone_workers.pop(url, None)
         for proc in reversed(procs):
             stop(proc)
+
+
+standalone_workers: dict[str, list[subprocess.Popen]] = {}
+
+
+def standalone_args(url: str, cores: int = 1) -> list[str]:
+    """SparkRunner arguments for the standalone fixture's cluster (small JVMs, no UI)."""
+    return [
+        f"--spark_master={url}",
+        "--spark_conf=spark.executor.memory=512m",
+        "--spark_conf=spark.driver.memory=512m",
+        "--spark_conf=spark.driver.host=127.0.0.1",
+        "--spark_conf=spark.driver.bindAddress=127.0.0.1",
+        "--spark_conf=spark.ui.enabled=false",
+        f"--spark_conf=spark.cores.max={cores}",
+    ]

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from tests.cluster.conftest import run_pipelines
+from tests.cluster.conftest import run_pipelines, standalone_args
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(270)]
 
@@ -31,16 +31,7 @@ MODES = ["connect", "standalone"]
 def _args(mode: str, request: pytest.FixtureRequest) -> list[str]:
     if mode == "connect":
         return [f"--spark_remote={request.getfixturevalue('connect_server')}"]
-    return [
-        f"--spark_master={request.getfixturevalue('standalone_master')}",
-        "--parallelism=2",
-        "--spark_conf=spark.executor.memory=512m",
-        "--spark_conf=spark.driver.memory=512m",
-        "--spark_conf=spark.driver.host=127.0.0.1",
-        "--spark_conf=spark.driver.bindAddress=127.0.0.1",
-        "--spark_conf=spark.ui.enabled=false",
-        "--spark_conf=spark.cores.max=1",
-    ]
+    return ["--parallelism=2", *standalone_args(request.getfixturevalue("standalone_master"))]
 
 
 @pytest.fixture(scope="module", params=MODES)

@@ -221,3 +221,14 @@ def test_a_descriptor_is_set_up_once_per_python_worker_not_per_bundle(tmp_path) 
     assert len(setups) == len(set(setups)), f"set up twice in one process: {setups}"
     assert set(setups) == set(bundles)  # every process that ran bundles set up once
     assert len(setups) < 8, f"{len(setups)} setups for 8 tasks: workers were not reused"
+
+
+def test_stage_dataframes_are_named_after_their_stage_in_the_spark_ui(spark) -> None:  # type: ignore[no-untyped-def]
+    from sparkbeam.execute.dataset import Datasets
+
+    ds = Datasets(spark, 2)
+    df = ds.map_stage(ds.impulse(b"x"), lambda rows, attempt: iter(()),
+                      "stage-003 [Count/CombinePerKey]")
+    plan = df._jdf.queryExecution().analyzed().toString()  # what the SQL tab draws
+    assert "stage_003_Count_CombinePerKey" in plan, plan
+    ds.release(df)

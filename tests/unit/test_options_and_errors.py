@@ -4,7 +4,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from sparkbeam.errors import SparkBeamError
-from sparkbeam.execute.stage_task import _error_payload, parse_error_payload
+from sparkbeam.execute.task_errors import error_payload, parse_error_payload
 from sparkbeam.options import SparkOptions, parse_spark_conf, positive_or_none
 from sparkbeam.plan.model import Stage
 
@@ -23,7 +23,7 @@ def test_spark_options_parse_and_share_parallelism_with_flink_options() -> None:
 
 def test_defaults() -> None:
     opts = PipelineOptions([]).view_as(SparkOptions)
-    assert opts.spark_master == "local[*]"
+    assert opts.spark_master is None  # local[*], or what spark-submit was given
     assert positive_or_none(opts.parallelism) is None
 
 
@@ -38,7 +38,7 @@ def test_task_error_payload_survives_any_wrapping() -> None:
     try:
         raise ValueError("bad row 17 [while running 'Parse']")
     except ValueError as exc:
-        text = _error_payload(stage, exc)
+        text = error_payload(stage, exc)
     wrapped = f"py4j.protocol.Py4JJavaError: ... PythonException: RuntimeError: {text}\n at ..."
     payload = parse_error_payload(wrapped)
     assert payload is not None
