@@ -72,7 +72,8 @@ def child(pattern: str, out: str, args: list[str]) -> dict[str, Any]:
 def _run_child(pattern: str, work: str, mode: str, args: list[str]) -> dict[str, Any]:
     from tests.cluster.conftest import ROOT, child_env
 
-    out = os.path.join(work, f"out-{mode}", "counts")
+    slug = "".join(c if c.isalnum() else "-" for c in mode)  # no glob characters in paths
+    out = os.path.join(work, f"out-{slug}", "counts")
     os.makedirs(os.path.dirname(out))
     proc = subprocess.run(
         [sys.executable, "-m", "bench.modes", "--child", pattern, out, "--", *args],
