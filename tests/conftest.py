@@ -1,9 +1,11 @@
 """Shared fixtures: one local[2] SparkSession per test session, made on first use."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -50,3 +52,32 @@ def pytest_sessionfinish(session, exitstatus):
         _SESSION[0].stop()
     # py4j logs from a destructor at interpreter exit, after logging's handlers are closed.
     logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def beam_worker_pool(boot: str) -> Iterator[str]:
+    """Beam's own worker pool (what `--environment_type=EXTERNAL` points at), starting each SDK
+    worker through the boot program `boot`; yields its 127.0.0.1 address, stops it after."""
+    import socket
+    import subprocess
+
+    import grpc
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen([
+        sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+        f"--service_port={port}", f"--container_executable={boot}",
+    ])
+    url = f"127.0.0.1:{port}"
+    try:
+        grpc.channel_ready_future(grpc.insecure_channel(url)).result(timeout=60)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

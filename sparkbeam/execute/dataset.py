@@ -87,7 +87,12 @@ def get_session(options: SparkOptions) -> SparkSession:
     active = _active_session()
     if active is not None:
         return active
-    # Workers must run the driver's interpreter (the one with apache_beam installed).
+    # Workers must run the driver's interpreter (the one with apache_beam installed), unless
+    # spark.pyspark.python says otherwise (a packed environment shipped with spark.archives):
+    # PySpark reads only the environment variable when it is not launched by spark-submit.
+    python = parse_spark_conf(options.spark_conf).get("spark.pyspark.python")
+    if python:
+        os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     remote = getattr(options, "spark_remote", None)

@@ -4,9 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -15,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-import grpc
 import pytest
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, endpoints_pb2
 from apache_beam.transforms.window import GlobalWindows
 
 from sparkbeam.execute import worker_context
+from tests.conftest import beam_worker_pool
 from sparkbeam.control.embedded import EmbeddedWorker
 from sparkbeam.control.grpc_worker import GrpcWorkers
 from sparkbeam.plan.fuse import plan_pipeline
@@ -105,32 +103,13 @@ def boot_env(tmp_path: Path) -> beam_runner_api_pb2.Environment:
                                 f'exec {PYTHON} -m sparkbeam.control.boot "$@"'))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture
 def worker_pool(tmp_path: Path) -> Iterator[str]:
     """Beam's worker pool, starting each worker through our boot program."""
-    port = _free_port()
     boot = _script(tmp_path / "pool_boot.sh", f'exec {PYTHON} -m sparkbeam.control.boot "$@"')
-    proc = subprocess.Popen([
-        PYTHON, "-m", "apache_beam.runners.worker.worker_pool_main",
-        f"--service_port={port}", f"--container_executable={boot}",
-    ])
-    url = f"127.0.0.1:{port}"
-    try:
-        grpc.channel_ready_future(grpc.insecure_channel(url)).result(timeout=30)
+    with beam_worker_pool(str(boot)) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_process_worker_outputs_match_the_embedded_worker(workers, boot_env) -> None:  # type: ignore[no-untyped-def]

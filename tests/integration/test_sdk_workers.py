@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 
-import grpc
 import pytest
 
+from tests.conftest import beam_worker_pool
 from tests.integration.conftest import expected_from_fnapi, run_and_collect, spark_runner
 from tests.integration.pipelines import PIPELINES
 
@@ -29,31 +28,11 @@ PROCESS_PIPELINES = [
 EXTERNAL_PIPELINES = ["group_by_key", "side_inputs_all_kinds", "stateful_bag_combining_timers"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def worker_pool() -> Iterator[str]:
-    """Beam's own worker pool (what `--environment_type=EXTERNAL` points at), for this test."""
-    port = _free_port()
-    proc = subprocess.Popen([
-        sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-        f"--service_port={port}", f"--container_executable={BOOT}",
-    ])
-    url = f"127.0.0.1:{port}"
-    try:
-        grpc.channel_ready_future(grpc.insecure_channel(url)).result(timeout=60)
+    with beam_worker_pool(BOOT) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_the_boot_program_is_installed() -> None:
