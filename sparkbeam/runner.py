@@ -108,6 +108,8 @@ class SparkJob:
             spark = get_session(spark_options)
             datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
             self._datasets = datasets
+            if datasets.ship_sparkbeam():
+                self._log(f"{self.job_id}: shipped sparkbeam to the executors")
             for path in self._py_files:
                 datasets.add_py_file(path)
                 self._log(f"{self.job_id}: shipped {os.path.basename(path)} to the executors")

@@ -97,15 +97,21 @@ def get_session(options: SparkOptions) -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     remote = getattr(options, "spark_remote", None)
     builder = SparkSession.builder
+    master = None
     if remote:
         builder = builder.remote(remote)
-    elif options.spark_master or not _submitted_master():
-        builder = builder.master(options.spark_master or "local[*]")
+    else:
+        master = options.spark_master or _submitted_master() or "local[*]"
+        builder = builder.master(master)
     builder = builder.appName(options.spark_app_name)
     defaults = {
         **session_config(),
         "spark.sql.shuffle.partitions": str(positive_or_none(options.parallelism) or 8),
     }
+    if not (master or "").startswith("local"):
+        # Executors elsewhere may not have sparkbeam installed: start their Python workers
+        # with PySpark's own daemon; sparkbeam reaches them as a shipped zip.
+        defaults.pop("spark.python.daemon.module", None)
     if remote and remote.startswith("sc://"):
         # A running Connect server takes runtime SQL settings only (the rest is its own).
         defaults = {k: v for k, v in defaults.items() if k.startswith("spark.sql.")}
@@ -217,6 +223,19 @@ class Datasets:
         else:
             self.spark.sparkContext.addPyFile(path)
 
+    def ship_sparkbeam(self) -> bool:
+        """Ships this sparkbeam (a zip of the package) to executors that may not have it (any
+        master but local). Once per session; True when it shipped now. Not over Connect: the
+        server's Python workers need sparkbeam installed (its own daemon settings rule)."""
+        if self.connect or str(self.spark.sparkContext.master).startswith("local"):
+            return False
+        key = id(self.spark)
+        if key in _SHIPPED_TO:
+            return False
+        self.add_py_file(_sparkbeam_zip())
+        _SHIPPED_TO.add(key)
+        return True
+
     def ship(self, value: Any) -> Any:
         """Makes `value` available to tasks: a broadcast on classic Spark; over Connect (no
         broadcasts) the value travels inside the task's pickled closure."""
@@ -305,6 +324,35 @@ def _client_host(spark: Any) -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+_SHIPPED_TO: set[int] = set()
+
+
+def _sparkbeam_zip() -> str:
+    """The sparkbeam package as an importable zip (built once per process, named by content)."""
+    import hashlib
+    import tempfile
+    import zipfile
+
+    import sparkbeam
+
+    root = os.path.dirname(os.path.abspath(sparkbeam.__file__))
+    files = sorted(
+        os.path.join(d, f) for d, _, names in os.walk(root) for f in names if f.endswith(".py")
+    )
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            digest.update(path[len(root):].encode() + f.read())
+    target = os.path.join(tempfile.gettempdir(), f"sparkbeam-{digest.hexdigest()[:12]}.zip")
+    if not os.path.exists(target):
+        partial = f"{target}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in files:
+                z.write(path, os.path.join("sparkbeam", os.path.relpath(path, root)))
+        os.replace(partial, target)
+    return target
 
 
 def _ui_name(text: str, limit: int = 120) -> str:

@@ -174,8 +174,32 @@ def check_py_file(args: list[str]) -> dict:
     return {"values": values}
 
 
+def check_sparkbeam_shipped(args: list[str]) -> dict:
+    """Where the executors import sparkbeam from: the zip the job shipped (so nodes without
+    sparkbeam installed run it too)."""
+    import apache_beam as beam
+
+    from sparkbeam import SparkRunner
+
+    out = os.path.join(os.environ.get("SPARKBEAM_TEST_TMP", "/tmp"), f"where-{os.getpid()}.txt")
+
+    def where(_):  # type: ignore[no-untyped-def]
+        import sparkbeam
+
+        with open(out, "a") as f:
+            f.write(sparkbeam.__file__ + "\n")
+        return 0
+
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(args))
+    _ = p | beam.Create(range(4)) | beam.Map(where)
+    p.run().wait_until_finish()
+    with open(out) as f:
+        return {"files": sorted(set(f.read().split()))}
+
+
 CHECKS = {"check_user_error": check_user_error, "check_cancel": check_cancel,
-          "check_metrics": check_metrics, "check_py_file": check_py_file}
+          "check_metrics": check_metrics, "check_py_file": check_py_file,
+          "check_sparkbeam_shipped": check_sparkbeam_shipped}
 
 
 def _summary(entry: dict) -> str:

@@ -24,7 +24,8 @@ NAMES = [
     "stateful_bag_combining_timers",
     "splittable_dofn_checkpoints",
 ]
-CHECKS = ["check_user_error", "check_cancel", "check_metrics", "check_py_file"]
+CHECKS = ["check_user_error", "check_cancel", "check_metrics", "check_py_file",
+          "check_sparkbeam_shipped"]
 MODES = ["connect", "standalone"]
 
 
@@ -84,3 +85,13 @@ def test_committed_metrics(results: dict[str, dict]) -> None:
 
 def test_shipped_py_file_is_importable_in_tasks(results: dict[str, dict]) -> None:
     assert results["check_py_file"] == {"values": ["42"]}
+
+
+def test_executors_import_the_sparkbeam_the_job_shipped(
+    mode: str, results: dict[str, dict]
+) -> None:
+    files = results["check_sparkbeam_shipped"]["files"]
+    if mode == "connect":  # not shipped: the server's Python workers have it installed (README)
+        assert files and not any(".zip" in f for f in files), files
+        return
+    assert files and all("/sparkbeam-" in f and ".zip/sparkbeam/" in f for f in files), files
