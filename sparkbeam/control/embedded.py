@@ -27,7 +27,7 @@ from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker
 from apache_beam.runners.worker.statecache import StateCache
 
 from sparkbeam.control.bundle_protocol import Reschedule
-from sparkbeam.control.shell import BundleShell, SplitOutcome
+from sparkbeam.control.shell import BundleShell, SplitsRunningBundle
 
 _LOG = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class BundleResult:
 
 
 @dataclass
-class EmbeddedWorker:
+class EmbeddedWorker(SplitsRunningBundle):
     """One BundleProcessor with its channel and state handler: a thin shell that feeds the
     bundle protocol (`control/shell.py`) and does what it says."""
 
@@ -225,14 +225,6 @@ class EmbeddedWorker:
         processor.reset()
         self.channel.start_bundle(())
         return result
-
-    def split(self, fraction: float) -> SplitOutcome | None:
-        """Splits the running bundle, keeping `fraction` of the element in progress (called
-        from another thread while `process` runs); None when nothing could be split."""
-        bundle = self.current_instruction
-        if bundle is None:
-            return None
-        return self.shell.split(bundle, fraction, self.try_split)
 
     def try_split(
         self, request: beam_fn_api_pb2.ProcessBundleSplitRequest

@@ -35,7 +35,7 @@ from apache_beam.utils import proto_utils
 from sparkbeam.control.boot import SdkWorkerProcess
 from sparkbeam.control.embedded import BundleResult, TaskStateHandler
 from sparkbeam.control.grpc_server import FnApiServer, WorkerLostError
-from sparkbeam.control.shell import BundleShell, SplitOutcome
+from sparkbeam.control.shell import BundleShell, SplitsRunningBundle
 from sparkbeam.errors import SdkWorkerError
 
 _LOG = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class _Descriptor:
 
 
 @dataclass
-class GrpcWorker:
+class GrpcWorker(SplitsRunningBundle):
     """Runs bundles of one descriptor on a leased SDK worker process."""
 
     sdk: SdkWorkerProcess
@@ -100,16 +100,11 @@ class GrpcWorker:
     shell: BundleShell  # the bundle protocol of this SDK worker (shared by its leases)
     state: TaskStateHandler = field(default_factory=TaskStateHandler)
     failed_bundle_infos: list[metrics_pb2.MonitoringInfo] = field(default_factory=list)
-    current_bundle: str | None = None
+    current_instruction: str | None = None  # the bundle running now, if any
 
     @property
     def descriptor(self) -> beam_fn_api_pb2.ProcessBundleDescriptor:
         return self.spec.proto
-
-    @property
-    def current_instruction(self) -> str | None:
-        """The bundle running now (same name as the embedded worker's)."""
-        return self.current_bundle
 
     def _died(self, bundle_id: str, why: str | None) -> SdkWorkerError:
         return SdkWorkerError(
@@ -149,7 +144,7 @@ class GrpcWorker:
         if self.shell.begin(bundle_id, spec.proto.id, inputs, counts):
             server.control.register(spec.proto)  # the SDK fetches it by id when it needs it
         server.state.bind(bundle_id, self.state)
-        self.current_bundle = bundle_id
+        self.current_instruction = bundle_id
         try:
             return self._process(bundle_id, inputs, server, spec)
         except SdkWorkerError as exc:
@@ -161,7 +156,7 @@ class GrpcWorker:
             _, self.failed_bundle_infos = self.shell.failed(bundle_id, str(exc))
             raise
         finally:
-            self.current_bundle = None
+            self.current_instruction = None
             server.state.unbind(bundle_id)
 
     def _process(
@@ -241,19 +236,11 @@ class GrpcWorker:
             elements_in=elements_in,
         )
 
-    def split(self, fraction: float) -> SplitOutcome | None:
-        """Splits the running bundle, keeping `fraction` of the element in progress (called
-        from another thread while `process` runs); None when nothing could be split."""
-        bundle = self.current_bundle
-        if bundle is None:
-            return None
-        return self.shell.split(bundle, fraction, self.try_split)
-
     def try_split(
         self, request: beam_fn_api_pb2.ProcessBundleSplitRequest
     ) -> beam_fn_api_pb2.ProcessBundleSplitResponse:
         """Asks the SDK to split the running bundle (callable while `process` runs)."""
-        bundle_id = request.instruction_id or self.current_bundle
+        bundle_id = request.instruction_id or self.current_instruction
         if not bundle_id:
             raise RuntimeError(f"no bundle of {self.descriptor.id} is running to split")
         split = beam_fn_api_pb2.ProcessBundleSplitRequest()

@@ -35,7 +35,6 @@ class _StageWork:
 
     partitions: int
     started: set[int] = field(default_factory=set)
-    finished: set[int] = field(default_factory=set)
     # partition -> (its running bundle, when it last said so)
     busy: dict[int, tuple[_Bundle, float]] = field(default_factory=dict)
     idle: dict[int, float] = field(default_factory=dict)  # partition -> since
@@ -66,7 +65,6 @@ class Rebalancer:
         """A task attempt starts: what an earlier attempt of this partition decided."""
         work = self._stage(job, stage, partitions)
         work.started.add(partition)
-        work.finished.discard(partition)
         work.idle.pop(partition, None)
         return {
             "splits": dict(work.splits.get(partition, {})),
@@ -82,7 +80,7 @@ class Rebalancer:
         work.busy[partition] = (bundle, now)
         if work.split_asked is not None or work.queue or bundle.unsplittable:
             return {}
-        waiting = self._waiting(work, now)
+        waiting = [p for p in work.idle if p not in work.busy]
         if not waiting:
             return {}
         longest = min(
@@ -151,7 +149,6 @@ class Rebalancer:
 
     def finished(self, job: str, stage: str, partition: int) -> dict[str, Any]:
         work = self._stage(job, stage)
-        work.finished.add(partition)
         work.idle.pop(partition, None)
         work.busy.pop(partition, None)
         return {}
@@ -171,11 +168,8 @@ class Rebalancer:
     def validate(self) -> None:
         for key, work in self._stages.items():
             assert not (set(work.busy) & set(work.idle)), f"{key}: busy and idle at once"
-            assert work.started <= set(range(work.partitions)) | work.started
+            assert all(0 <= p < work.partitions for p in work.started), (
+                f"{key}: a partition outside 0..{work.partitions - 1} started")
             for partition, records in work.splits.items():
                 assert partition in work.started, f"{key}: split of a task never started"
                 assert all(r for r in records.values()), f"{key}: empty split record"
-
-    @staticmethod
-    def _waiting(work: _StageWork, now: float) -> list[int]:
-        return [p for p in work.idle if p not in work.busy]

@@ -37,6 +37,27 @@ class SplitOutcome:
     resends: list[bp.ResendInputs] = field(default_factory=list)
 
 
+class SplitsRunningBundle:
+    """`split` for a worker that records its running bundle in `current_instruction` and
+    answers split requests with `try_split` (the embedded and the gRPC worker)."""
+
+    shell: BundleShell
+    current_instruction: str | None
+
+    def try_split(
+        self, request: beam_fn_api_pb2.ProcessBundleSplitRequest
+    ) -> beam_fn_api_pb2.ProcessBundleSplitResponse:
+        raise NotImplementedError
+
+    def split(self, fraction: float) -> SplitOutcome | None:
+        """Splits the running bundle, keeping `fraction` of the element in progress (called
+        from another thread while the bundle runs); None when nothing could be split."""
+        bundle = self.current_instruction
+        if bundle is None:
+            return None
+        return self.shell.split(bundle, fraction, self.try_split)
+
+
 class BundleShell:
     def __init__(self, worker_id: str) -> None:
         self.protocol = bp.BundleProtocol(worker_id)

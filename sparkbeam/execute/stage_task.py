@@ -149,9 +149,8 @@ def _splitter(
 def _lease(spec: TaskSpec) -> ContextManager[Any]:
     """The worker for the stage's environment: the bundle processor embedded in this
     process, or an SDK worker over gRPC for PROCESS and EXTERNAL environments."""
-    env_id = spec.stage.environment_id
-    if env_id:
-        env = beam_runner_api_pb2.Components.FromString(spec.components).environments[env_id]
+    if spec.stage.environment:
+        env = beam_runner_api_pb2.Environment.FromString(spec.stage.environment)
         if env.urn in GRPC_ENVIRONMENT_URNS:
             from sparkbeam.control.grpc_worker import WORKERS as GRPC_WORKERS
 

@@ -176,6 +176,10 @@ def _plan_stage(
         keyed_input=keyed,
         splittable=splittable and not keyed,
         environment_id=stage.environment or "",
+        environment=(
+            comps.environments[stage.environment].SerializeToString()
+            if stage.environment and stage.environment in comps.environments else b""
+        ),
     )
 
 

@@ -78,6 +78,7 @@ class Stage:
     keyed_input: bool = False  # input partitioned and sorted by key (stateful or grouped input)
     splittable: bool = False  # processes restrictions of a splittable DoFn: spread its input
     environment_id: str = ""  # the SDK environment its transforms run in
+    environment: bytes = b""  # that Environment, serialized (tasks pick their worker by it)
 
     @property
     def display(self) -> str:
