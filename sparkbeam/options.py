@@ -76,6 +76,19 @@ class SparkOptions(PipelineOptions):
             "in the job's messages and log; 0 disables them.",
         )
         add_argument(
+            "--checkpoint_dir",
+            default=None,
+            help="Streaming (--streaming): the query's checkpoint directory (required); a job "
+            "restarted on the same directory resumes where it stopped. Executors read its "
+            "offset log, so it must be a path they share with the driver.",
+        )
+        add_argument(
+            "--trigger_interval",
+            default="0 seconds",
+            help="Streaming: the micro-batch trigger interval, e.g. '1 second' (default: start "
+            "the next batch as soon as the previous one ends).",
+        )
+        add_argument(
             "--spark_app_name",
             default="sparkbeam",
             help="Application name of a SparkSession that sparkbeam creates.",

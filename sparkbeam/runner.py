@@ -24,10 +24,15 @@ from sparkbeam.control.metrics_channel import (
 )
 from sparkbeam.control.progress import ProgressTracker, unreported
 from sparkbeam.control.rebalance_channel import RebalanceServer, shared_rebalancer
-from sparkbeam.errors import JobCancelledError, SparkBeamError
+from sparkbeam.errors import (
+    JobCancelledError,
+    SparkBeamError,
+    Unsupported,
+    UnsupportedFeatureError,
+)
 from sparkbeam.metrics import SparkMetrics
 from sparkbeam.options import SparkOptions, positive_or_none
-from sparkbeam.plan.check import check_pipeline
+from sparkbeam.plan.check import find_unsupported
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan
 
@@ -50,10 +55,24 @@ def prepare(
     is_drain: bool = False,
 ) -> Plan:
     """Checks (every unsupported feature at once) and plans a pipeline; no Spark work."""
-    streaming = options.view_as(pipeline_options.StandardOptions).streaming
-    check_pipeline(proto, streaming=bool(streaming))
+    streaming = bool(options.view_as(pipeline_options.StandardOptions).streaming)
+    problems = find_unsupported(proto, streaming=streaming)
     pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
-    return plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain)
+    plan = None
+    if not problems:
+        plan = plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain,
+                             streaming=streaming)
+        if streaming:
+            from sparkbeam.streaming.plan import streaming_problems
+
+            problems.extend(streaming_problems(plan))
+    if streaming and not options.view_as(SparkOptions).checkpoint_dir:
+        problems.append(Unsupported("streaming without --checkpoint_dir", "the pipeline options",
+                                    "a streaming job needs a checkpoint directory"))
+    if problems:
+        raise UnsupportedFeatureError(problems)
+    assert plan is not None
+    return plan
 
 
 class SparkJob:
@@ -86,6 +105,7 @@ class SparkJob:
         self._datasets: Datasets | None = None
         self._collector: MetricsCollector | None = None
         self.split_stats: dict[str, dict[str, int]] = {}
+        self.streaming = False
 
     def start(self) -> None:
         self._set_state(PipelineState.STARTING)
@@ -114,6 +134,9 @@ class SparkJob:
                 datasets.add_py_file(path)
                 self._log(f"{self.job_id}: shipped {os.path.basename(path)} to the executors")
             self._collector = shared_collector(datasets.driver_host())
+            if self.options.view_as(pipeline_options.StandardOptions).streaming:
+                self._run_streaming(spark)
+                return
             rebalancer = (
                 shared_rebalancer(datasets.driver_host())
                 if spark_options.dynamic_splitting != "off" else None
@@ -160,6 +183,18 @@ class SparkJob:
         finally:
             self._done.set()
 
+    def _run_streaming(self, spark: Any) -> None:
+        from sparkbeam.streaming.job import run_streaming
+
+        assert self._collector is not None
+        self.streaming = True
+        self._set_state(PipelineState.RUNNING)
+        started = time.time()
+        run_streaming(spark, self.plan, self.options, self.job_id, self._collector,
+                      self.cancelled, self._log)
+        self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
+        self._set_state(PipelineState.DONE)
+
     def _report_splits(self, rebalancer: RebalanceServer) -> None:
         for stage in self.plan.stages:
             stats = rebalancer.stats(self.job_id, stage.label)
@@ -188,6 +223,10 @@ class SparkJob:
     def metrics(self) -> SparkMetrics:
         """Committed: the metric rows of successful attempts. Attempted: those plus the live
         reports of every other attempt (failed, retried, or still running)."""
+        if self.streaming and self._collector is not None:
+            from sparkbeam.streaming.job import streaming_metrics
+
+            return SparkMetrics(*streaming_metrics(self._collector, self.job_id))
         committed = self.progress.snapshot()
         if self._collector is None:
             return SparkMetrics(committed)

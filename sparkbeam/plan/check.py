@@ -54,14 +54,6 @@ def find_unsupported(
     found: list[Unsupported] = []
     comps = proto.components
     supported = supported_transform_urns()
-    if streaming:
-        found.append(
-            Unsupported(
-                "streaming execution (--streaming)",
-                "the pipeline options",
-                "the streaming engine is not built yet; run the pipeline in batch mode",
-            )
-        )
     for req in proto.requirements:
         if req not in urns.SUPPORTED_REQUIREMENTS:
             found.append(Unsupported(f"pipeline requirement {req}", "the pipeline"))
@@ -73,13 +65,13 @@ def find_unsupported(
         if set(t.outputs.values()) <= set(t.inputs.values()):
             continue  # an empty composite that passes its input through
         urn = t.spec.urn
-        if urn == urns.TEST_STREAM:
+        if urn == urns.TEST_STREAM and not streaming:
             found.append(
                 Unsupported(
-                    "TestStream", f"transform '{name}'", "TestStream needs the streaming engine"
+                    "TestStream", f"transform '{name}'", "TestStream runs with --streaming"
                 )
             )
-        elif urn and urn not in supported:
+        elif urn and urn not in supported and not (streaming and urn == urns.TEST_STREAM):
             hint = "a cross-language or runner-specific transform" if ":" in urn else ""
             found.append(Unsupported(f"transform URN {urn}", f"transform '{name}'", hint))
         if t.environment_id and t.environment_id in comps.environments:

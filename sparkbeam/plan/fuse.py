@@ -60,14 +60,20 @@ PHASES = [
 
 
 def plan_pipeline(
-    proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default", is_drain: bool = False
+    proto: beam_runner_api_pb2.Pipeline,
+    *,
+    pickle_library: str = "default",
+    is_drain: bool = False,
+    streaming: bool = False,
 ) -> Plan:
     """Fuses `proto` into stages and describes each for the executor."""
     try:
         context, stages = translations.create_and_optimize_stages(
             copy.deepcopy(proto),
             phases=PHASES,
-            known_runner_urns=frozenset([urns.FLATTEN, urns.GROUP_BY_KEY]),
+            known_runner_urns=frozenset(
+                [urns.FLATTEN, urns.GROUP_BY_KEY] + ([urns.TEST_STREAM] if streaming else [])
+            ),
             is_drain=is_drain,
         )
     except Exception as exc:

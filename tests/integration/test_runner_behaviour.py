@@ -10,7 +10,7 @@ import time
 import apache_beam as beam
 import pytest
 from apache_beam.metrics import Metrics, MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions
 from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -42,14 +42,17 @@ def test_user_exception_names_transform_type_message_and_traceback() -> None:
 def test_every_unsupported_feature_is_listed_at_once() -> None:
     from apache_beam.testing.test_stream import TestStream
 
-    p = _pipeline("--streaming")
+    p = _pipeline()  # batch
     _ = p | TestStream().add_elements([1]) | beam.Map(lambda x: x)
+    p._options.view_as(DebugOptions).experiments = ["beam_fn_api"]
+    proto = p.to_runner_api()
+    proto.requirements.append("beam:requirement:made_up:v1")
     with pytest.raises(UnsupportedFeatureError) as info:
-        p.run()
+        SparkRunner().run_portable_pipeline(proto, p._options)
     text = str(info.value)
-    assert "streaming execution (--streaming)" in text
-    assert "TestStream" in text
-    assert len(info.value.features) >= 2
+    assert "TestStream in transform 'TestStream' (TestStream runs with --streaming)" in text
+    assert "pipeline requirement beam:requirement:made_up:v1" in text
+    assert len(info.value.features) == 2
 
 
 def test_bundles_never_exceed_bundle_size() -> None:

@@ -12,7 +12,9 @@ RULES = [
     (["sparkbeam.control.embedded", "sparkbeam.execute.stage_task"], ["pyspark"]),
     (["sparkbeam.runner"], ["pyspark"]),
     (["sparkbeam.jobservice"], ["sparkbeam.execute", "pyspark"]),
-    (["sparkbeam.streaming.budget", "sparkbeam.streaming.endpoints"], ["pyspark"]),
+    (["sparkbeam.streaming.budget", "sparkbeam.streaming.endpoints", "sparkbeam.streaming.script",
+      "sparkbeam.streaming.clock", "sparkbeam.streaming.gbk", "sparkbeam.streaming.plan"],
+     ["pyspark"]),
     (["sparkbeam.control.bundle_protocol", "sparkbeam.control.shell",
       "sparkbeam.control.rebalance", "sparkbeam.control.progress"], ["pyspark"]),
 ]
@@ -24,6 +26,7 @@ PURE_MODULES = [
     "sparkbeam/control/progress.py",
     "sparkbeam/streaming/budget.py",
     "sparkbeam/streaming/endpoints.py",
+    "sparkbeam/streaming/script.py",
 ]
 
 

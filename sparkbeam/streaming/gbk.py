@@ -1,0 +1,166 @@
+"""A streaming GroupByKey for one key: Beam's own trigger driver over a state blob (no pyspark).
+
+Beam decides the panes: `GeneralTriggerDriver` with the transform's windowing strategy (window
+function, trigger, accumulation mode, allowed lateness, timestamp combiner) keeps its per-window
+state and timers in an `InMemoryUnmergedState`; between micro-batches that state lives as one
+pickled blob per key in Spark's state store. Values are kept encoded (the driver never looks
+into them), so any coder's values survive the blob. Late data is judged by the driver (Beam's
+rule: a window expires when the input watermark passes its end plus the allowed lateness).
+"""
+from __future__ import annotations
+
+import collections
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+from apache_beam.transforms import trigger
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
+
+from sparkbeam.execute import worker_context
+from sparkbeam.plan.model import Grouping
+from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS
+
+_MAX_ROUNDS = 100_000
+
+
+class RunnerClock:
+    """The processing time the trigger driver reads (AfterProcessingTime), set per batch."""
+
+    def __init__(self) -> None:
+        self.now = Timestamp(0)
+
+    def time(self) -> float:
+        return float(self.now)
+
+
+def to_timestamp(micros: int) -> Timestamp:
+    if micros >= MAX_MICROS:
+        return MAX_TIMESTAMP
+    return Timestamp(micros=max(micros, MIN_MICROS))
+
+
+def load_state(blob: bytes | None) -> trigger.InMemoryUnmergedState:
+    state = trigger.InMemoryUnmergedState()
+    if blob:
+        saved = pickle.loads(blob)
+        for window, timers in saved["timers"].items():
+            state.timers[window] = timers
+        for window, tags in saved["state"].items():
+            for tag, value in tags.items():
+                state.state[window][tag] = value
+        state.global_state = saved["global"]
+    return state
+
+
+def dump_state(state: trigger.InMemoryUnmergedState) -> bytes | None:
+    """The blob to keep, or None when the key holds nothing (its state is cleared)."""
+    timers = {w: dict(t) for w, t in state.timers.items() if t}
+    tags = {w: dict(t) for w, t in state.state.items() if t}
+    if not timers and not tags:
+        return None  # global state only holds the window-id bookkeeping of windows now gone
+    return pickle.dumps({"timers": timers, "state": tags, "global": state.global_state},
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def has_timers(state: trigger.InMemoryUnmergedState) -> bool:
+    return any(state.timers.values())
+
+
+class KeyGrouper:
+    """Everything to group one key's values of one GroupByKey; built once per process."""
+
+    def __init__(self, grouping: Grouping, components: bytes) -> None:
+        ctx = worker_context.pipeline_context(components)
+        pre = ctx.coders[grouping.input_coder_id]
+        self._pre = pre.get_impl()
+        self._key = pre.key_coder().get_impl()
+        kv = pre.wrapped_value_coder
+        self._value = kv.coders()[1].get_impl()
+        self._post = ctx.coders[grouping.output_coder_id].get_impl()
+        self.clock = RunnerClock()
+        windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
+        self.allowed_lateness = windowing.allowed_lateness
+        self.driver = trigger.create_trigger_driver(windowing, is_batch=False, clock=self.clock)
+
+    def process(
+        self,
+        key: bytes,
+        state: trigger.InMemoryUnmergedState,
+        elements: Iterable[bytes],
+        watermark_before: int,
+        watermark: int,
+        processing_before: int,
+        processing: int,
+    ) -> list[bytes]:
+        """One micro-batch of the key: its elements arrive at the watermark before the batch,
+        then the timers the batch's watermark and processing time allow fire."""
+        out: list[bytes] = []
+        decoded_key: list[Any] = []
+        before = to_timestamp(watermark_before)
+        self.clock.now = to_timestamp(processing_before)
+        self._fire(key, decoded_key, state, before, to_timestamp(processing_before), out)
+        values = []
+        for data in elements:
+            wv = self._pre.decode_nested(data)
+            values.append(wv.with_value(self._value.encode_nested(wv.value[1])))
+        if values:
+            for pane in self.driver.process_elements(state, values, before, before):
+                out.append(self._encode(key, decoded_key, pane))
+        self.clock.now = to_timestamp(processing)
+        self._fire(key, decoded_key, state, to_timestamp(watermark), to_timestamp(processing),
+                   out)
+        self._collect_garbage(state, to_timestamp(watermark))
+        return out
+
+    def _collect_garbage(self, state: trigger.InMemoryUnmergedState, watermark: Timestamp) -> None:
+        """Drops windows the watermark has passed by more than the allowed lateness: their last
+        pane has fired and any element for them is dropped as too late (Beam's rule), so their
+        state would otherwise only grow (Beam's trigger driver keeps it)."""
+        adapter = trigger.MergeableStateAdapter(state)
+        expired = [w for w in adapter.known_windows()
+                   if watermark > w.end + self.allowed_lateness]
+        for window in expired:
+            for window_id in adapter.window_ids.pop(window):
+                state.state.pop(window_id, None)
+                state.timers.pop(window_id, None)
+        if expired:
+            adapter._persist_window_ids()
+
+    def _fire(
+        self,
+        key: bytes,
+        decoded_key: list[Any],
+        state: trigger.InMemoryUnmergedState,
+        watermark: Timestamp,
+        processing: Timestamp,
+        out: list[bytes],
+    ) -> None:
+        for _ in range(_MAX_ROUNDS):
+            due, _ = state.get_timers(clear=True, watermark=watermark, processing_time=processing)
+            if not due:
+                return
+            for window, (name, domain, timestamp, _tag) in due:
+                for pane in self.driver.process_timer(window, name, domain, timestamp, state,
+                                                      watermark):
+                    out.append(self._encode(key, decoded_key, pane))
+        raise RuntimeError(f"trigger timers kept re-arming for {_MAX_ROUNDS} rounds")
+
+    def _encode(self, key: bytes, decoded_key: list[Any], pane: Any) -> bytes:
+        if not decoded_key:
+            decoded_key.append(self._key.decode_nested(key))
+        values = [self._value.decode_nested(v) for v in pane.value]
+        return self._post.encode_nested(pane.with_value((decoded_key[0], values)))
+
+
+_GROUPERS: dict[tuple[str, int], KeyGrouper] = collections.OrderedDict()
+
+
+def grouper(grouping: Grouping, components: bytes) -> KeyGrouper:
+    cache_key = (grouping.transform_id, hash(components))
+    found = _GROUPERS.get(cache_key)
+    if found is None:
+        if len(_GROUPERS) > 32:
+            _GROUPERS.clear()
+        found = _GROUPERS[cache_key] = KeyGrouper(grouping, components)
+    return found

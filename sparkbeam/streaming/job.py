@@ -1,0 +1,58 @@
+"""The streaming side of SparkJob: plan -> query -> metrics (driver)."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from apache_beam.options import pipeline_options
+from apache_beam.portability.api import metrics_pb2
+
+from sparkbeam.control.metrics_channel import MetricsCollector
+from sparkbeam.options import SparkOptions
+from sparkbeam.plan.model import Plan
+from sparkbeam.streaming.plan import streaming_plan
+from sparkbeam.streaming.query import StreamingQueryRun, StreamingSettings
+
+
+def run_streaming(
+    spark: Any,
+    plan: Plan,
+    options: pipeline_options.PipelineOptions,
+    job_id: str,
+    collector: MetricsCollector,
+    cancelled: threading.Event,
+    log: Callable[[str], None],
+) -> StreamingQueryRun:
+    spark_options = options.view_as(SparkOptions)
+    settings = StreamingSettings(
+        checkpoint_dir=spark_options.checkpoint_dir,
+        trigger_interval=spark_options.trigger_interval,
+        bundle_size=max(1, spark_options.bundle_size),
+        bundle_bytes=max(1, spark_options.bundle_bytes),
+        metrics_address=collector.address,
+        job_id=job_id,
+    )
+    run = StreamingQueryRun(spark, streaming_plan(plan), settings, log)
+    run.run(cancelled)
+    return run
+
+
+def streaming_metrics(
+    collector: MetricsCollector, job_id: str
+) -> tuple[list[metrics_pb2.MonitoringInfo], list[metrics_pb2.MonitoringInfo]]:
+    """(committed, attempted): one successful report per (stage, batch, partition) commits;
+    a stage computed for several consumers in one batch reports the same partition twice."""
+    reports = collector.attempt_reports(job_id)
+    committed: dict[tuple[str, int, int], list[metrics_pb2.MonitoringInfo]] = {}
+    attempted: list[metrics_pb2.MonitoringInfo] = []
+    for key, report in reports.items():
+        task = (key.stage, key.spark_stage, key.partition)
+        if report.succeeded:
+            committed.setdefault(task, report.infos)
+    for key, report in reports.items():
+        task = (key.stage, key.spark_stage, key.partition)
+        if not report.succeeded or committed.get(task) is not report.infos:
+            attempted.extend(report.infos)
+    done = [info for infos in committed.values() for info in infos]
+    return done, done + attempted

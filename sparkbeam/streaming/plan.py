@@ -1,0 +1,137 @@
+"""A batch Plan seen as a streaming job: roots become endpoints, buffers get numbers (driver).
+
+Every DataFrame of the streaming query has the rows (tag, key, value) where `tag` is the number
+of the buffer the row belongs to; the roots (TestStream transforms and Impulses) are read by one
+source whose rows are already tagged, and every other stage reads the tags of its inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
+from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
+from apache_beam.testing.test_stream import (
+    ElementEvent,
+    Event,
+    ProcessingTimeEvent,
+    WatermarkEvent,
+)
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from sparkbeam import urns
+from sparkbeam.errors import Unsupported, UnsupportedFeatureError
+from sparkbeam.execute import worker_context
+from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage
+from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Endpoint, Item, Script
+
+IMPULSE_TAG = 0
+IMPULSE_ENDPOINT = "impulse"
+
+
+@dataclass(frozen=True)
+class StreamingPlan:
+    plan: Plan
+    script: Script
+    tags: dict[bytes, int]  # buffer id -> tag of its rows
+    stages: tuple[Stage, ...]  # the stages run per micro-batch (roots excluded)
+
+    def tag(self, buffer_id: bytes) -> int:
+        return self.tags[buffer_id]
+
+
+def _test_streams(plan: Plan) -> dict[str, beam_runner_api_pb2.PTransform]:
+    """TestStream transforms by unique name (fusion turns each into a stage's data input)."""
+    comps = beam_runner_api_pb2.Components.FromString(plan.components)
+    return {t.unique_name: t for t in comps.transforms.values() if t.spec.urn == urns.TEST_STREAM}
+
+
+def test_stream_of(stage: Stage, test_streams: dict[str, beam_runner_api_pb2.PTransform]
+                   ) -> beam_runner_api_pb2.PTransform | None:
+    for inp in stage.inputs:
+        if inp.buffer_id == IMPULSE_BUFFER and inp.transform_id in test_streams:
+            return test_streams[inp.transform_id]
+    return None
+
+
+def streaming_problems(plan: Plan) -> list[Unsupported]:
+    """What this streaming engine cannot run yet, all at once (prepare time)."""
+    found = []
+    for stage in plan.stages:
+        where = f"{stage.label} [{stage.description}]"
+        if stage.stateful:
+            found.append(Unsupported("stateful DoFn (user state or timers) in streaming", where,
+                                     "not built yet in the streaming engine; run in batch"))
+        if stage.side_inputs:
+            found.append(Unsupported("side inputs in streaming", where,
+                                     "not built yet in the streaming engine"))
+        if stage.splittable:
+            found.append(Unsupported("splittable DoFn read in streaming", where,
+                                     "only TestStream and Create roots are streamed so far"))
+    return found
+
+
+def streaming_plan(plan: Plan) -> StreamingPlan:
+    problems = streaming_problems(plan)
+    if problems:
+        raise UnsupportedFeatureError(problems)
+    tags: dict[bytes, int] = {IMPULSE_BUFFER: IMPULSE_TAG}
+    for stage in plan.stages:
+        for buffer_id in [i.buffer_id for i in stage.inputs] + [o.buffer_id for o in stage.outputs]:
+            tags.setdefault(buffer_id, len(tags))
+    endpoints = []
+    stages = []
+    test_streams = _test_streams(plan)
+    for stage in plan.stages:
+        transform = test_stream_of(stage, test_streams)
+        if transform is not None:
+            endpoints.append(_test_stream_endpoint(plan, stage, transform, tags))
+        else:
+            stages.append(stage)
+    if any(i.buffer_id == IMPULSE_BUFFER for s in stages for i in s.inputs):
+        impulse = Item(rows=((IMPULSE_TAG, None, ENCODED_IMPULSE_VALUE),))
+        endpoints.append(Endpoint(IMPULSE_ENDPOINT, (impulse,)))
+    script = Script(tuple(endpoints), test_clock=True)
+    return StreamingPlan(plan, script, tags, tuple(stages))
+
+
+def _test_stream_endpoint(plan: Plan, stage: Stage, transform: beam_runner_api_pb2.PTransform,
+                          tags: dict[bytes, int]) -> Endpoint:
+    """A TestStream's events as items: elements encoded for the stage's outputs."""
+    descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
+    ctx = worker_context.pipeline_context(plan.components)
+    payload = beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
+    element_coder = ctx.coders[payload.coder_id]
+    by_pcoll = {}
+    for output in stage.outputs:
+        pcoll = next(iter(descriptor.transforms[output.transform_id].inputs.values()))
+        by_pcoll[pcoll] = output
+    outputs_by_tag = {}
+    for tag_name, pcoll in transform.outputs.items():
+        if pcoll in by_pcoll:
+            outputs_by_tag[None if tag_name == "None" else tag_name] = by_pcoll[pcoll]
+    watermarks: dict[object, int] = {tag: MIN_MICROS for tag in outputs_by_tag}
+    items = []
+    for proto_event in payload.events:
+        event = Event.from_runner_api(proto_event, element_coder)
+        if isinstance(event, ElementEvent):
+            target = outputs_by_tag.get(event.tag)
+            rows = []
+            if target is not None:
+                impl = ctx.coders[target.coder_id].get_impl()
+                key_impl = (
+                    ctx.coders[target.key_coder_id].get_impl() if target.key_coder_id else None
+                )
+                for tv in event.timestamped_values:
+                    wv = WindowedValue(tv.value, Timestamp.of(tv.timestamp), (GlobalWindow(),))
+                    key = key_impl.encode_nested(tv.value[0]) if key_impl is not None else None
+                    rows.append((tags[target.buffer_id], key, impl.encode_nested(wv)))
+            items.append(Item(rows=tuple(rows)))
+        elif isinstance(event, WatermarkEvent):
+            micros = min(event.new_watermark.micros, MAX_MICROS)
+            watermarks[event.tag] = max(watermarks.get(event.tag, micros), micros)
+            items.append(Item(watermark=min(watermarks.values())))
+        elif isinstance(event, ProcessingTimeEvent):
+            items.append(Item(advance=int(event.advance_by.micros)))
+    return Endpoint(f"teststream:{stage.label}", tuple(items))

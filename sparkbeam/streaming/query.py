@@ -1,0 +1,197 @@
+"""A streaming plan as one Structured Streaming query on the RocksDB state store (driver).
+
+Roots -> one `sparkbeam_beam` source; stateless stages -> `mapInArrow` with the batch stage
+task; GroupByKeys -> `transformWithState` (Append, ProcessingTime) feeding their consumers in
+the same micro-batch. The sink runs every leaf stage each batch. The query ends when every
+endpoint is exhausted and a batch at the final watermark (+inf) has run, or when cancelled;
+`drain` stops reading (the script is cut to what was read) and lets the watermark finish.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sparkbeam.errors import ExecutionError, JobCancelledError
+from sparkbeam.execute.stage_task import TaskSpec
+from sparkbeam.plan.model import Stage
+from sparkbeam.streaming.beam_source import BeamSource, encode
+from sparkbeam.streaming.clock import read_offset_entry
+from sparkbeam.streaming.operators import ROW_SCHEMA, GroupByKeyProcessor, StageTask
+from sparkbeam.streaming.plan import StreamingPlan
+
+_LOG = logging.getLogger(__name__)
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingSettings:
+    checkpoint_dir: str
+    trigger_interval: str = "0 seconds"
+    bundle_size: int = 1000
+    bundle_bytes: int = 64 << 20
+    metrics_address: str | None = None
+    job_id: str = "job"
+    extra_batches: int = 1  # batches run after the one that reached the final watermark
+
+
+def build_query_frame(spark: SparkSession, splan: StreamingPlan,
+                      settings: StreamingSettings) -> DataFrame:
+    """The DataFrame every micro-batch computes: the union of the leaf stages' outputs."""
+    spark.dataSource.register(BeamSource)
+    source = spark.readStream.format("sparkbeam_beam").option(
+        "script", encode(splan.script)).load()
+    plan = splan.plan
+    producers: dict[int, list[DataFrame]] = {}
+    root_tags = {row[0] for e in splan.script.endpoints for item in e.items for row in item.rows}
+    for tag in sorted(root_tags):
+        producers[tag] = [source.where(F.col("tag") == tag)]
+    consumed = {i.buffer_id for s in splan.stages for i in s.inputs}
+    leaves = []
+    for stage in splan.stages:
+        inputs = []
+        for inp in stage.inputs:
+            tag = splan.tag(inp.buffer_id)
+            frames = producers.get(tag, [])
+            if not frames:
+                continue
+            frame = _union(frames)
+            grouping = plan.groupings.get(inp.buffer_id)
+            if grouping is not None:
+                processor = GroupByKeyProcessor(grouping, plan.components, plan.pickle_library,
+                                                tag, settings.checkpoint_dir)
+                frame = frame.groupBy("key").transformWithState(
+                    processor, ROW_SCHEMA, "Append", "ProcessingTime")
+            inputs.append(frame)
+        if not inputs:
+            continue  # nothing ever reaches this stage
+        task = StageTask(
+            spec=_spec(stage, splan, settings),
+            input_tags={splan.tag(i.buffer_id): n for n, i in enumerate(stage.inputs)},
+            output_tags=tuple(splan.tag(o.buffer_id) for o in stage.outputs),
+        )
+        out = _union(inputs).mapInArrow(_named(task, stage), ROW_SCHEMA)
+        for output in stage.outputs:
+            tag = splan.tag(output.buffer_id)
+            producers.setdefault(tag, []).append(out.where(F.col("tag") == tag))
+        if not any(o.buffer_id in consumed for o in stage.outputs):
+            leaves.append(out)
+    if not leaves:
+        return source
+    return _union(leaves)
+
+
+def _spec(stage: Stage, splan: StreamingPlan, settings: StreamingSettings) -> TaskSpec:
+    # Grouped inputs arrive grouped (panes from transformWithState): the stage runs them as a
+    # plain stage.
+    plain = dataclasses.replace(stage, keyed_input=False)
+    return TaskSpec(
+        stage=plain,
+        components=splan.plan.components,
+        groupings={},
+        pickle_library=splan.plan.pickle_library,
+        bundle_size=settings.bundle_size,
+        bundle_bytes=settings.bundle_bytes,
+        job_id=settings.job_id,
+        metrics_address=settings.metrics_address,
+    )
+
+
+def _named(task: StageTask, stage: Stage) -> Callable[..., Any]:
+    """The task as a function named after the stage (the Spark UI's SQL tab shows the name)."""
+
+    def run(batches: Any) -> Any:
+        return task(batches)
+
+    run.__name__ = run.__qualname__ = stage.label.replace("-", "_")
+    return run
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+class StreamingQueryRun:
+    """Starts the query, watches it, stops it when the job is done, cancelled or drained."""
+
+    def __init__(self, spark: SparkSession, splan: StreamingPlan, settings: StreamingSettings,
+                 log: Callable[[str], None]) -> None:
+        self.spark = spark
+        self.splan = splan
+        self.settings = settings
+        self.log = log
+        self.batches = 0
+        self._final_batch: int | None = None
+        self._finished = threading.Event()
+        self.query: Any = None
+
+    def _sink(self, frame: DataFrame, batch_id: int) -> None:
+        frame.write.format("noop").mode("overwrite").save()
+        self.batches = batch_id + 1
+        entry = read_offset_entry(
+            os.path.join(self.settings.checkpoint_dir, "offsets", str(batch_id)))
+        if entry is not None and entry[1].get("done") and self._final_batch is None:
+            self._final_batch = batch_id
+        if self._final_batch is not None and batch_id >= (
+            self._final_batch + self.settings.extra_batches
+        ):
+            self._finished.set()
+
+    def run(self, cancelled: threading.Event, drained: threading.Event | None = None) -> None:
+        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+        frame = build_query_frame(self.spark, self.splan, self.settings)
+        writer = (
+            frame.writeStream.foreachBatch(self._sink)
+            .outputMode("append")
+            .option("checkpointLocation", self.settings.checkpoint_dir)
+            .queryName(f"sparkbeam_{self.settings.job_id}".replace("-", "_"))
+            .trigger(processingTime=self.settings.trigger_interval)
+        )
+        self.query = writer.start()
+        self.log(f"{self.settings.job_id}: streaming query started "
+                 f"(checkpoint {self.settings.checkpoint_dir})")
+        try:
+            while not self._finished.wait(0.2):
+                if cancelled.is_set():
+                    raise JobCancelledError(f"{self.settings.job_id} was cancelled")
+                exc = self.query.exception()
+                if exc is not None:
+                    raise ExecutionError(f"the streaming query failed: {_first_lines(exc)}")
+                if not self.query.isActive:
+                    raise ExecutionError("the streaming query stopped unexpectedly")
+        finally:
+            with _suppress():
+                self.query.stop()
+            with _suppress():
+                for progress in self.query.recentProgress:
+                    _LOG.debug("batch %s: %s rows, %s ms", progress.batchId,
+                               progress.numInputRows, progress.durationMs)
+        self.log(f"{self.settings.job_id}: streaming query finished after {self.batches} "
+                 f"micro-batches")
+
+
+def _first_lines(exc: Any, limit: int = 4000) -> str:
+    text = str(exc)
+    return text[:limit]
+
+
+class _suppress:  # noqa: N801 - used as a statement
+    """Logs, never raises: stopping a query that already failed must not hide the failure."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        if exc[1] is not None:
+            _LOG.warning("stopping the streaming query: %s", exc[1])
+        return True
+

@@ -1,0 +1,135 @@
+"""What the sources of a streaming job emit, batch by batch, with the runner's clock (pure).
+
+A streaming job's roots are *endpoints* (see `budget.py`): a TestStream transform replays its
+events, an Impulse emits its one element. Each endpoint holds a deterministic list of items at
+fixed offsets; reading items [a, b) always gives the same rows, and the runner's Beam watermark
+and processing time after an offset are a function of that offset alone, so a replayed micro-batch
+sees exactly what the first attempt saw.
+
+A TestStream item is one of its events; a micro-batch takes at most one event per TestStream,
+which makes every batch boundary a TestStream event boundary (elements of one event are processed
+at the watermark before it, timers then fire at the watermark after it, as Beam's DirectRunner
+does). Processing time starts at 0 for TestStream pipelines (Beam's TestClock) and advances by
+its ProcessingTimeEvents; otherwise it is the wall clock when the batch was planned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+MIN_MICROS = MIN_TIMESTAMP.micros
+MAX_MICROS = MAX_TIMESTAMP.micros
+
+Row = tuple[int, bytes | None, bytes]  # (buffer number, encoded key or None, encoded element)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One endpoint item: rows to emit, then the endpoint's watermark and processing time."""
+
+    rows: tuple[Row, ...] = ()
+    watermark: int | None = None  # micros; None: unchanged
+    advance: int = 0  # micros of processing time this item advances
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One root of the streaming job: deterministic items, at most `per_batch` per batch."""
+
+    name: str
+    items: tuple[Item, ...]
+    per_batch: int = 1
+    final_watermark: int = MAX_MICROS  # once every item is read
+
+    def watermark_after(self, offset: int) -> int:
+        """The endpoint's watermark once items [0, offset) are read."""
+        if offset >= len(self.items):
+            return self.final_watermark
+        wm = MIN_MICROS
+        for item in self.items[:offset]:
+            if item.watermark is not None:
+                wm = max(wm, item.watermark)
+        return wm
+
+    def advance_until(self, offset: int) -> int:
+        return sum(item.advance for item in self.items[:offset])
+
+
+@dataclass(frozen=True)
+class Script:
+    """All endpoints of a job and how its clock moves."""
+
+    endpoints: tuple[Endpoint, ...]
+    test_clock: bool = True  # processing time from TestStream events (else the wall clock)
+    names: dict[str, Endpoint] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        self.names.update({e.name: e for e in self.endpoints})
+
+    def endpoint(self, name: str) -> Endpoint:
+        return self.names[name]
+
+    def next_positions(self, start: dict[str, int]) -> dict[str, int]:
+        """Positions after the next micro-batch: each endpoint's next items, up to its limit."""
+        return {
+            e.name: min(len(e.items), int(start.get(e.name, 0)) + e.per_batch)
+            for e in self.endpoints
+        }
+
+    def watermark(self, positions: dict[str, int]) -> int:
+        """The job's input watermark at `positions`: the least of its endpoints'."""
+        if not self.endpoints:
+            return MAX_MICROS
+        return min(e.watermark_after(int(positions.get(e.name, 0))) for e in self.endpoints)
+
+    def processing_advance(self, positions: dict[str, int]) -> int:
+        return sum(e.advance_until(int(positions.get(e.name, 0))) for e in self.endpoints)
+
+    def exhausted(self, positions: dict[str, int]) -> bool:
+        return all(int(positions.get(e.name, 0)) >= len(e.items) for e in self.endpoints)
+
+    def rows(self, name: str, start: int, end: int) -> list[Row]:
+        endpoint = self.endpoint(name)
+        return [row for item in endpoint.items[start:end] for row in item.rows]
+
+
+@dataclass(frozen=True)
+class RunnerTime:
+    """What a micro-batch knows of the runner's clock: before its input and after it."""
+
+    watermark_before: int
+    watermark: int
+    processing_before: int
+    processing: int
+    done: bool = False  # every endpoint is exhausted and the watermark is final
+
+
+def offset_for(
+    script: Script, positions: dict[str, int], previous: dict, wall_clock_micros: int, tick: int
+) -> dict:
+    """The end offset of a micro-batch (JSON-able; Spark logs it, replays use the log)."""
+    if script.test_clock:
+        processing = script.processing_advance(positions)
+    else:
+        processing = max(wall_clock_micros, int(previous.get("pt", MIN_MICROS)))
+    wm = script.watermark(positions)
+    return {
+        "pos": dict(sorted(positions.items())),
+        "wm0": int(previous.get("wm", MIN_MICROS)),
+        "wm": wm,
+        "pt0": int(previous.get("pt", processing)),
+        "pt": processing,
+        "tick": tick,
+        "done": script.exhausted(positions) and wm >= MAX_MICROS,
+    }
+
+
+def runner_time(offset: dict) -> RunnerTime:
+    return RunnerTime(
+        watermark_before=int(offset["wm0"]),
+        watermark=int(offset["wm"]),
+        processing_before=int(offset["pt0"]),
+        processing=int(offset["pt"]),
+        done=bool(offset.get("done", False)),
+    )

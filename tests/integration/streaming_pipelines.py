@@ -1,0 +1,130 @@
+"""Streaming pipelines fed by TestStream, each ending in the records it should produce.
+
+Each `build(p)` returns a PCollection of plain records: (key, values, window, timestamp, pane
+timing, first, last, index), so panes and their timing are compared, not just values.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import apache_beam as beam
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms import trigger, window
+from apache_beam.utils.timestamp import Timestamp
+
+
+class Describe(beam.DoFn):
+    """An element of a GroupByKey's output as a comparable record of its pane."""
+
+    def process(self, kv, ts=beam.DoFn.TimestampParam, w=beam.DoFn.WindowParam,
+                pane=beam.DoFn.PaneInfoParam):
+        key, values = kv
+        values = sorted(values)
+        where = (
+            "global" if isinstance(w, window.GlobalWindow) else f"[{float(w.start)},{float(w.end)})"
+        )
+        # The portable data plane carries timestamps in milliseconds (the DirectRunner keeps
+        # microseconds): compare at millisecond precision.
+        when = ts.micros // 1000 / 1000 if ts > Timestamp(-1e12) else "min"
+        yield (key, values, where, when,
+               int(pane.timing), pane.is_first, pane.is_last, pane.index)
+
+
+def _events(*script) -> TestStream:
+    """('add', [(key, value, t)]) | ('wm', t) | ('pt', seconds); ends at +inf."""
+    ts = TestStream()
+    for kind, arg in script:
+        if kind == "add":
+            ts = ts.add_elements([window.TimestampedValue((k, v), t) for k, v, t in arg])
+        elif kind == "wm":
+            ts = ts.advance_watermark_to(arg)
+        else:
+            ts = ts.advance_processing_time(arg)
+    return ts.advance_watermark_to_infinity()
+
+
+def fixed_default(p):
+    return (p | _events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 10),
+                        ("add", [("a", 3, 12)]), ("wm", 20), ("add", [("a", 4, 21)]))
+            | beam.WindowInto(window.FixedWindows(5)) | beam.GroupByKey()
+            | beam.ParDo(Describe()))
+
+
+SPIKE_SCRIPT = (
+    ("add", [("a", 1, 1), ("a", 2, 2)]), ("add", [("b", 5, 5)]), ("pt", 5),
+    ("add", [("a", 3, 3), ("b", 6, 6), ("b", 7, 7), ("c", 9, 9)]), ("wm", 10),
+    ("add", [("a", 4, 4), ("b", 8, 8)]), ("add", [("a", 12, 12), ("b", 15, 15), ("a", 13, 13)]),
+    ("pt", 5), ("wm", 14), ("add", [("a", 11, 11), ("c", 14, 14), ("c", 16, 16), ("a", 0, 0)]),
+    ("wm", 20), ("add", [("a", 8, 8), ("b", 25, 25)]), ("pt", 5), ("wm", 30),
+    ("add", [("c", 31, 31)]),
+)
+
+
+def early_accumulating_late(p):
+    """The design spike's script: early panes every 2 elements, on-time, late within 5 s,
+    dropped after it."""
+    return (p | _events(*SPIKE_SCRIPT)
+            | beam.WindowInto(window.FixedWindows(10),
+                              trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
+                              accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+                              allowed_lateness=5)
+            | beam.GroupByKey() | beam.ParDo(Describe()))
+
+
+def processing_time_trigger(p):
+    return (p | _events(("add", [("a", 1, 1), ("a", 2, 2)]), ("pt", 3), ("add", [("a", 3, 3)]),
+                        ("pt", 3), ("add", [("a", 4, 4)]), ("pt", 10))
+            | beam.WindowInto(window.GlobalWindows(),
+                              trigger=trigger.Repeatedly(trigger.AfterProcessingTime(5)),
+                              accumulation_mode=trigger.AccumulationMode.DISCARDING)
+            | beam.GroupByKey() | beam.ParDo(Describe()))
+
+
+def sessions(p):
+    return (p | _events(("add", [("a", 1, 1), ("a", 2, 3)]), ("add", [("a", 3, 20)]),
+                        ("wm", 10), ("add", [("a", 4, 6), ("b", 5, 30)]), ("wm", 40))
+            | beam.WindowInto(window.Sessions(5)) | beam.GroupByKey()
+            | beam.ParDo(Describe()))
+
+
+def flatten_with_create_and_two_groupings(p):
+    stream = p | _events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
+                         ("add", [("a", 3, 7)]), ("wm", 12))
+    created = p | beam.Create([("a", 10), ("c", 20)]) | beam.Map(
+        lambda kv: window.TimestampedValue(kv, 3))
+    sums = ((stream, created) | beam.Flatten() | beam.WindowInto(window.FixedWindows(10))
+            | "Group" >> beam.GroupByKey() | beam.MapTuple(lambda k, vs: ("all", sum(vs))))
+    return sums | "Regroup" >> beam.GroupByKey() | beam.ParDo(Describe())
+
+
+STREAMING_PIPELINES: dict[str, Callable] = {
+    "fixed_default": fixed_default,
+    "early_accumulating_late": early_accumulating_late,
+    "processing_time_trigger": processing_time_trigger,
+    "sessions": sessions,
+    "flatten_with_create_and_two_groupings": flatten_with_create_and_two_groupings,
+}
+
+
+class WriteLines(beam.DoFn):
+    """Appends repr(element) to a file per worker process under `directory` (both runners)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def process(self, element):
+        import os
+
+        with open(os.path.join(self.directory, f"out-{os.getpid()}.txt"), "a") as f:
+            f.write(repr(element) + "\n")
+
+
+def read_lines(directory: str) -> list[str]:
+    import os
+
+    lines: list[str] = []
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("out-"):
+            with open(os.path.join(directory, name)) as f:
+                lines.extend(line.rstrip("\n") for line in f)
+    return sorted(lines)

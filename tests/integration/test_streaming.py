@@ -1,0 +1,62 @@
+"""Streaming pipelines on Spark give the panes Beam's DirectRunner gives, pane for pane."""
+from __future__ import annotations
+
+import re
+import tempfile
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from sparkbeam import SparkRunner
+from sparkbeam.errors import UnsupportedFeatureError
+from tests.integration.streaming_pipelines import STREAMING_PIPELINES, WriteLines, read_lines
+
+_EXPECTED: dict[str, list[str]] = {}
+
+
+def run_streaming(build, runner, args: list[str]) -> list[str]:
+    directory = tempfile.mkdtemp(prefix="sparkbeam-stream-out-")
+    options = PipelineOptions(["--streaming", "--allow_unsafe_triggers", *args])
+    with beam.Pipeline(runner=runner, options=options) as p:
+        build(p) | "Write" >> beam.ParDo(WriteLines(directory))
+    return read_lines(directory)
+
+
+def expected_from_direct_runner(name: str) -> list[str]:
+    if name not in _EXPECTED:
+        _EXPECTED[name] = run_streaming(STREAMING_PIPELINES[name], "BundleBasedDirectRunner", [])
+    return _EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", sorted(STREAMING_PIPELINES))
+def test_same_panes_as_direct_runner(name: str, tmp_path) -> None:
+    expected = expected_from_direct_runner(name)
+    assert expected, f"{name} produced nothing on the DirectRunner; the test would prove nothing"
+    actual = run_streaming(STREAMING_PIPELINES[name], SparkRunner(),
+                           [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--parallelism=2"])
+    assert actual == expected
+
+
+def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> None:
+    class Stateful(beam.DoFn):
+        from apache_beam.transforms.userstate import BagStateSpec
+        from apache_beam.coders import VarIntCoder
+
+        BAG = BagStateSpec("bag", VarIntCoder())
+
+        def process(self, kv, bag=beam.DoFn.StateParam(BAG)):
+            bag.add(kv[1])
+            yield kv
+
+    def build(p):
+        return (STREAMING_PIPELINES["fixed_default"](p) | beam.Map(lambda r: (r[0], 1))
+                | beam.ParDo(Stateful()))
+
+    with pytest.raises(UnsupportedFeatureError) as info:
+        run_streaming(build, SparkRunner(), [])
+    text = str(info.value)
+    assert "streaming without --checkpoint_dir in the pipeline options" in text
+    assert re.search(r"stateful DoFn \(user state or timers\) in streaming in stage-\d+ "
+                     r"\[.*ParDo\(Stateful\)", text), text
+    assert len(info.value.features) == 2

@@ -1,0 +1,168 @@
+"""Streaming script: endpoint watermarks, batch positions, offsets and the runner's clock."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkbeam.streaming.script import (
+    MAX_MICROS,
+    MIN_MICROS,
+    Endpoint,
+    Item,
+    RunnerTime,
+    Script,
+    offset_for,
+    runner_time,
+)
+
+
+def row(n: int) -> tuple[int, bytes | None, bytes]:
+    return (0, b"k%d" % n, b"v%d" % n)
+
+
+def test_micro_bounds_are_beams() -> None:
+    assert MIN_MICROS < 0 < MAX_MICROS
+
+
+def test_endpoint_watermark_is_max_of_items_read_then_final() -> None:
+    """MIN before any item, the largest watermark read so far, then final once exhausted."""
+    e = Endpoint("ts", (Item(watermark=5), Item(), Item(watermark=3), Item(watermark=8), Item()))
+    assert [e.watermark_after(i) for i in range(5)] == [MIN_MICROS, 5, 5, 5, 8]
+    assert e.watermark_after(5) == MAX_MICROS
+    assert e.watermark_after(99) == MAX_MICROS
+    assert Endpoint("x", (Item(),), final_watermark=42).watermark_after(1) == 42
+    assert Endpoint("empty", ()).watermark_after(0) == MAX_MICROS
+
+
+def test_advance_until_sums_items_read() -> None:
+    e = Endpoint("ts", (Item(advance=2), Item(), Item(advance=7)))
+    assert [e.advance_until(i) for i in range(4)] == [0, 2, 2, 9]
+
+
+def test_script_watermark_is_min_over_endpoints() -> None:
+    a = Endpoint("a", (Item(watermark=10), Item(watermark=20)))
+    b = Endpoint("b", (Item(watermark=15),), per_batch=1)
+    s = Script((a, b))
+    assert s.watermark({}) == MIN_MICROS
+    assert s.watermark({"a": 1}) == MIN_MICROS  # b has read nothing
+    assert s.watermark({"a": 1, "b": 0}) == MIN_MICROS
+    assert s.watermark({"a": 2, "b": 0}) == MIN_MICROS
+    # b exhausted: its watermark is final (MAX), a's governs
+    assert s.watermark({"a": 1, "b": 1}) == 10
+    assert s.watermark({"a": 2, "b": 1}) == MAX_MICROS
+    assert Script(()).watermark({}) == MAX_MICROS
+
+
+def test_next_positions_advance_at_most_per_batch_and_stop_at_end() -> None:
+    a = Endpoint("a", tuple(Item() for _ in range(5)), per_batch=2)
+    b = Endpoint("b", (Item(),), per_batch=1)
+    s = Script((a, b))
+    assert s.next_positions({}) == {"a": 2, "b": 1}
+    assert s.next_positions({"a": 2, "b": 1}) == {"a": 4, "b": 1}
+    assert s.next_positions({"a": 4, "b": 1}) == {"a": 5, "b": 1}
+    assert s.next_positions({"a": 5, "b": 1}) == {"a": 5, "b": 1}
+    assert not s.exhausted({"a": 4, "b": 1})
+    assert s.exhausted({"a": 5, "b": 1})
+
+
+def test_rows_are_exactly_the_range_and_replay_identically() -> None:
+    items = (Item(rows=(row(0), row(1))), Item(), Item(rows=(row(2),)), Item(rows=(row(3),)))
+    s = Script((Endpoint("a", items),))
+    assert s.rows("a", 0, 1) == [row(0), row(1)]
+    assert s.rows("a", 1, 3) == [row(2)]
+    assert s.rows("a", 2, 4) == [row(2), row(3)]
+    assert s.rows("a", 3, 3) == []
+    assert s.rows("a", 0, 4) == [row(i) for i in range(4)]
+    assert s.rows("a", 1, 4) == s.rows("a", 1, 4)
+    with pytest.raises(KeyError):
+        s.rows("missing", 0, 1)
+
+
+def test_offsets_chain_and_test_clock_sums_advances() -> None:
+    a = Endpoint("a", (Item(watermark=10, advance=3), Item(watermark=20, advance=4)))
+    s = Script((a,), test_clock=True)
+    first = offset_for(s, {"a": 1}, {}, wall_clock_micros=10**15, tick=1)
+    assert first == {"pos": {"a": 1}, "wm0": MIN_MICROS, "wm": 10, "pt0": 3, "pt": 3,
+                     "tick": 1, "done": False}
+    second = offset_for(s, {"a": 2}, first, wall_clock_micros=0, tick=2)
+    assert (second["wm0"], second["pt0"]) == (first["wm"], first["pt"])
+    assert (second["wm"], second["pt"], second["done"]) == (MAX_MICROS, 7, True)
+
+
+def test_done_needs_exhausted_and_final_watermark() -> None:
+    held = Script((Endpoint("a", (Item(),), final_watermark=100),))
+    assert offset_for(held, {"a": 1}, {}, 0, 0)["done"] is False
+    s = Script((Endpoint("a", (Item(), Item())),))
+    assert offset_for(s, {"a": 1}, {}, 0, 0)["done"] is False
+    assert offset_for(s, {"a": 2}, {}, 0, 0)["done"] is True
+
+
+def test_wall_clock_processing_time_never_goes_backwards() -> None:
+    s = Script((Endpoint("a", (Item(advance=999),)),), test_clock=False)
+    first = offset_for(s, {"a": 0}, {}, wall_clock_micros=1_000, tick=0)
+    assert (first["pt0"], first["pt"]) == (1_000, 1_000)  # advances ignored
+    later = offset_for(s, {"a": 1}, first, wall_clock_micros=5_000, tick=1)
+    assert (later["pt0"], later["pt"]) == (1_000, 5_000)
+    skewed = offset_for(s, {"a": 1}, later, wall_clock_micros=2_000, tick=2)
+    assert (skewed["pt0"], skewed["pt"]) == (5_000, 5_000)
+
+
+def test_offset_is_json_able_and_runner_time_reads_it() -> None:
+    import json
+
+    s = Script((Endpoint("b", (Item(watermark=7, advance=2),)), Endpoint("a", (Item(),))))
+    off = offset_for(s, {"b": 1, "a": 0}, {"wm": 1, "pt": 0}, 0, 3)
+    assert list(off["pos"]) == ["a", "b"]  # sorted: stable in Spark's offset log
+    back = json.loads(json.dumps(off))
+    assert runner_time(back) == RunnerTime(
+        watermark_before=1, watermark=MIN_MICROS, processing_before=0, processing=2, done=False
+    )
+    assert runner_time({"wm0": 1, "wm": 2, "pt0": 3, "pt": 4}).done is False
+
+
+items_st = st.lists(
+    st.builds(
+        Item,
+        watermark=st.none() | st.integers(MIN_MICROS, MAX_MICROS),
+        advance=st.integers(0, 10**9),
+    ),
+    max_size=6,
+)
+endpoints_st = st.lists(
+    st.tuples(items_st, st.integers(1, 3)), min_size=1, max_size=3
+).map(lambda es: tuple(Endpoint(f"e{i}", tuple(it), per_batch=n) for i, (it, n) in enumerate(es)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    endpoints=endpoints_st,
+    test_clock=st.booleans(),
+    steps=st.lists(
+        st.tuples(st.lists(st.booleans(), min_size=3, max_size=3), st.integers(0, 10**12)),
+        max_size=12,
+    ),
+)
+def test_watermark_and_processing_time_never_decrease(
+    endpoints: tuple[Endpoint, ...], test_clock: bool, steps: list[tuple[list[bool], int]]
+) -> None:
+    """Over any sequence of latest offsets (each endpoint advanced or held), the watermark and
+    the processing time are non-decreasing, and each offset chains onto the previous one."""
+    s = Script(endpoints, test_clock=test_clock)
+    positions: dict[str, int] = {}
+    previous: dict = {}
+    for tick, (advance, wall) in enumerate(steps):
+        nxt = s.next_positions(positions)
+        positions = {
+            e.name: nxt[e.name] if advance[i] else positions.get(e.name, 0)
+            for i, e in enumerate(endpoints)
+        }
+        off = offset_for(s, positions, previous, wall, tick)
+        if previous:
+            assert (off["wm0"], off["pt0"]) == (previous["wm"], previous["pt"])
+        assert off["wm"] >= off["wm0"]
+        assert off["pt"] >= off["pt0"]
+        assert off["wm"] == s.watermark(positions)
+        if off["done"]:
+            assert s.exhausted(positions) and off["wm"] == MAX_MICROS
+        previous = off
