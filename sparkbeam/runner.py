@@ -106,6 +106,7 @@ class SparkJob:
         self._collector: MetricsCollector | None = None
         self.split_stats: dict[str, dict[str, int]] = {}
         self.streaming = False
+        self.streaming_batches: list[dict[str, Any]] = []  # micro-batches: rows, durations
 
     def start(self) -> None:
         self._set_state(PipelineState.STARTING)
@@ -191,9 +192,12 @@ class SparkJob:
         self._set_state(PipelineState.RUNNING)
         started = time.time()
         run_streaming(spark, self.plan, self.options, self.job_id, self._collector,
-                      self.cancelled, self._log)
+                      self.cancelled, self._log, on_progress=self._keep_batches)
         self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
         self._set_state(PipelineState.DONE)
+
+    def _keep_batches(self, progress: list[dict[str, Any]]) -> None:
+        self.streaming_batches = progress
 
     def _report_splits(self, rebalancer: RebalanceServer) -> None:
         for stage in self.plan.stages:

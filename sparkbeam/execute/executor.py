@@ -130,7 +130,7 @@ class Executor:
         except Exception as exc:  # noqa: BLE001 - Py4J/Spark errors are mapped below
             if cancelled.is_set():
                 raise JobCancelledError(f"{job_id} was cancelled while running") from None
-            raise _stage_error(stage, exc) from None
+            raise stage_error(stage, exc) from None
 
     def _declare_stage(
         self,
@@ -195,7 +195,7 @@ class Executor:
         return out
 
 
-def _stage_error(stage: Stage | None, exc: BaseException) -> Exception:
+def stage_error(stage: Stage | None, exc: BaseException) -> Exception:
     text = str(exc)
     payload = parse_error_payload(text)
     if payload is not None and payload.get("kind") == "worker":

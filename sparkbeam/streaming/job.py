@@ -23,6 +23,7 @@ def run_streaming(
     collector: MetricsCollector,
     cancelled: threading.Event,
     log: Callable[[str], None],
+    on_progress: Callable[[list[dict[str, Any]]], None] = lambda progress: None,
 ) -> StreamingQueryRun:
     spark_options = options.view_as(SparkOptions)
     settings = StreamingSettings(
@@ -34,7 +35,10 @@ def run_streaming(
         job_id=job_id,
     )
     run = StreamingQueryRun(spark, streaming_plan(plan), settings, log)
-    run.run(cancelled)
+    try:
+        run.run(cancelled)
+    finally:
+        on_progress(run.progress)
     return run
 
 

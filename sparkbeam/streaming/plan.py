@@ -7,6 +7,7 @@ source whose rows are already tagged, and every other stage reads the tags of it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
@@ -15,6 +16,7 @@ from apache_beam.testing.test_stream import (
     Event,
     ProcessingTimeEvent,
     WatermarkEvent,
+    WindowedValueHolder,
 )
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
@@ -113,10 +115,19 @@ def _test_stream_endpoint(plan: Plan, stage: Stage, transform: beam_runner_api_p
             outputs_by_tag[None if tag_name == "None" else tag_name] = by_pcoll[pcoll]
     watermarks: dict[object, int] = {tag: MIN_MICROS for tag in outputs_by_tag}
     items = []
-    for proto_event in payload.events:
-        event = Event.from_runner_api(proto_event, element_coder)
+    if payload.endpoint.url:
+        from apache_beam.runners.direct.test_stream_impl import _TestStream
+
+        # As Beam's DirectRunner reads a TestStreamService (its timestamps included).
+        beam_events = [
+            _TestStream.test_stream_payload_to_events(e, element_coder)
+            for e in _events_from_service(payload.endpoint.url, list(transform.outputs))
+        ]
+    else:
+        beam_events = [Event.from_runner_api(e, element_coder) for e in payload.events]
+    for event in beam_events:
         if isinstance(event, ElementEvent):
-            target = outputs_by_tag.get(event.tag)
+            target = outputs_by_tag.get(_tag(event.tag))
             rows = []
             if target is not None:
                 impl = ctx.coders[target.coder_id].get_impl()
@@ -124,14 +135,36 @@ def _test_stream_endpoint(plan: Plan, stage: Stage, transform: beam_runner_api_p
                     ctx.coders[target.key_coder_id].get_impl() if target.key_coder_id else None
                 )
                 for tv in event.timestamped_values:
-                    wv = WindowedValue(tv.value, Timestamp.of(tv.timestamp), (GlobalWindow(),))
-                    key = key_impl.encode_nested(tv.value[0]) if key_impl is not None else None
+                    if isinstance(tv.value, WindowedValueHolder):
+                        wv = tv.value.windowed_value  # type: ignore[attr-defined]  # test-given
+                    else:
+                        wv = WindowedValue(tv.value, Timestamp.of(tv.timestamp),
+                                           (GlobalWindow(),))
+                    key = key_impl.encode_nested(wv.value[0]) if key_impl is not None else None
                     rows.append((tags[target.buffer_id], key, impl.encode_nested(wv)))
             items.append(Item(rows=tuple(rows)))
         elif isinstance(event, WatermarkEvent):
             micros = min(event.new_watermark.micros, MAX_MICROS)
-            watermarks[event.tag] = max(watermarks.get(event.tag, micros), micros)
+            tag = _tag(event.tag)
+            watermarks[tag] = max(watermarks.get(tag, micros), micros)
             items.append(Item(watermark=min(watermarks.values())))
         elif isinstance(event, ProcessingTimeEvent):
             items.append(Item(advance=int(event.advance_by.micros)))
     return Endpoint(f"teststream:{stage.label}", tuple(items))
+
+
+def _tag(tag: Any) -> Any:
+    """The main output's tag: None in Python events, '' or 'None' in protos."""
+    return None if tag in (None, "", "None") else tag
+
+
+def _events_from_service(url: str, output_tags: list[str]) -> list[Any]:
+    """A TestStream's events read from its TestStreamService (read once, when the job is
+    planned, so the script stays deterministic)."""
+    import grpc
+    from apache_beam.portability.api import beam_interactive_api_pb2, beam_interactive_api_pb2_grpc
+
+    with grpc.insecure_channel(url) as channel:
+        stub = beam_interactive_api_pb2_grpc.TestStreamServiceStub(channel)
+        request = beam_interactive_api_pb2.EventsRequest(output_ids=output_tags)
+        return list(stub.Events(request, timeout=60))

@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sparkbeam.errors import ExecutionError, JobCancelledError
+from sparkbeam.execute.executor import stage_error
 from sparkbeam.execute.stage_task import TaskSpec
 from sparkbeam.plan.model import Stage
 from sparkbeam.streaming.beam_source import BeamSource, encode
@@ -133,6 +134,7 @@ class StreamingQueryRun:
         self._final_batch: int | None = None
         self._finished = threading.Event()
         self.query: Any = None
+        self.progress: list[dict[str, Any]] = []  # per micro-batch: rows and durations
 
     def _sink(self, frame: DataFrame, batch_id: int) -> None:
         frame.write.format("noop").mode("overwrite").save()
@@ -165,23 +167,20 @@ class StreamingQueryRun:
                     raise JobCancelledError(f"{self.settings.job_id} was cancelled")
                 exc = self.query.exception()
                 if exc is not None:
-                    raise ExecutionError(f"the streaming query failed: {_first_lines(exc)}")
+                    raise stage_error(None, exc)
                 if not self.query.isActive:
                     raise ExecutionError("the streaming query stopped unexpectedly")
         finally:
             with _suppress():
                 self.query.stop()
             with _suppress():
-                for progress in self.query.recentProgress:
-                    _LOG.debug("batch %s: %s rows, %s ms", progress.batchId,
-                               progress.numInputRows, progress.durationMs)
+                self.progress = [
+                    {"batch": p.batchId, "rows": p.numInputRows, "ms": dict(p.durationMs),
+                     "timestamp": p.timestamp}
+                    for p in self.query.recentProgress
+                ]
         self.log(f"{self.settings.job_id}: streaming query finished after {self.batches} "
                  f"micro-batches")
-
-
-def _first_lines(exc: Any, limit: int = 4000) -> str:
-    text = str(exc)
-    return text[:limit]
 
 
 class _suppress:  # noqa: N801 - used as a statement

@@ -30,7 +30,7 @@ class Describe(beam.DoFn):
                int(pane.timing), pane.is_first, pane.is_last, pane.index)
 
 
-def _events(*script) -> TestStream:
+def events(*script) -> TestStream:
     """('add', [(key, value, t)]) | ('wm', t) | ('pt', seconds); ends at +inf."""
     ts = TestStream()
     for kind, arg in script:
@@ -44,7 +44,7 @@ def _events(*script) -> TestStream:
 
 
 def fixed_default(p):
-    return (p | _events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 10),
+    return (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 10),
                         ("add", [("a", 3, 12)]), ("wm", 20), ("add", [("a", 4, 21)]))
             | beam.WindowInto(window.FixedWindows(5)) | beam.GroupByKey()
             | beam.ParDo(Describe()))
@@ -63,7 +63,7 @@ SPIKE_SCRIPT = (
 def early_accumulating_late(p):
     """The design spike's script: early panes every 2 elements, on-time, late within 5 s,
     dropped after it."""
-    return (p | _events(*SPIKE_SCRIPT)
+    return (p | events(*SPIKE_SCRIPT)
             | beam.WindowInto(window.FixedWindows(10),
                               trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
                               accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
@@ -72,7 +72,7 @@ def early_accumulating_late(p):
 
 
 def processing_time_trigger(p):
-    return (p | _events(("add", [("a", 1, 1), ("a", 2, 2)]), ("pt", 3), ("add", [("a", 3, 3)]),
+    return (p | events(("add", [("a", 1, 1), ("a", 2, 2)]), ("pt", 3), ("add", [("a", 3, 3)]),
                         ("pt", 3), ("add", [("a", 4, 4)]), ("pt", 10))
             | beam.WindowInto(window.GlobalWindows(),
                               trigger=trigger.Repeatedly(trigger.AfterProcessingTime(5)),
@@ -81,14 +81,14 @@ def processing_time_trigger(p):
 
 
 def sessions(p):
-    return (p | _events(("add", [("a", 1, 1), ("a", 2, 3)]), ("add", [("a", 3, 20)]),
+    return (p | events(("add", [("a", 1, 1), ("a", 2, 3)]), ("add", [("a", 3, 20)]),
                         ("wm", 10), ("add", [("a", 4, 6), ("b", 5, 30)]), ("wm", 40))
             | beam.WindowInto(window.Sessions(5)) | beam.GroupByKey()
             | beam.ParDo(Describe()))
 
 
 def flatten_with_create_and_two_groupings(p):
-    stream = p | _events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
+    stream = p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
                          ("add", [("a", 3, 7)]), ("wm", 12))
     created = p | beam.Create([("a", 10), ("c", 20)]) | beam.Map(
         lambda kv: window.TimestampedValue(kv, 3))

@@ -6,11 +6,18 @@ import tempfile
 
 import apache_beam as beam
 import pytest
+from apache_beam.metrics import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import window
 
 from sparkbeam import SparkRunner
-from sparkbeam.errors import UnsupportedFeatureError
-from tests.integration.streaming_pipelines import STREAMING_PIPELINES, WriteLines, read_lines
+from sparkbeam.errors import UnsupportedFeatureError, UserCodeError
+from tests.integration.streaming_pipelines import (
+    STREAMING_PIPELINES,
+    WriteLines,
+    events,
+    read_lines,
+)
 
 _EXPECTED: dict[str, list[str]] = {}
 
@@ -60,3 +67,39 @@ def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> Non
     assert re.search(r"stateful DoFn \(user state or timers\) in streaming in stage-\d+ "
                      r"\[.*ParDo\(Stateful\)", text), text
     assert len(info.value.features) == 2
+
+
+def test_user_error_in_a_streaming_stage_names_the_transform(tmp_path) -> None:
+    def explode(kv):
+        if kv[1] == 3:
+            raise ValueError("three is not allowed")
+        return kv
+
+    def build(p):
+        return (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5), ("add", [("a", 3, 7)]))
+                | "Explode" >> beam.Map(explode))
+
+    with pytest.raises(UserCodeError, match="three is not allowed") as info:
+        run_streaming(build, SparkRunner(), [f"--checkpoint_dir={tmp_path / 'ckpt'}"])
+    assert info.value.transform == "Explode"
+    assert info.value.exc_type == "ValueError"
+
+
+def test_counters_of_a_streaming_job_are_committed_once(tmp_path) -> None:
+    def count(kv):
+        Metrics.counter("stream", "seen").inc()
+        return kv
+
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    # Two consumers of the counted stage: Spark computes it once per consumer per batch.
+    counted = (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
+                          ("add", [("a", 3, 7), ("c", 4, 8)]), ("wm", 20))
+               | "Count" >> beam.Map(count))
+    _ = counted | "First" >> beam.Map(lambda kv: kv)
+    _ = counted | beam.WindowInto(window.FixedWindows(10)) | beam.GroupByKey()
+    result = p.run()
+    result.wait_until_finish()
+    counters = result.metrics().query(MetricsFilter().with_name("seen"))["counters"]
+    assert sum(c.committed for c in counters) == 4

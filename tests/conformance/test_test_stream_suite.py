@@ -1,0 +1,59 @@
+"""Beam's own TestStream suite (`apache_beam/testing/test_stream_test.py`), run on SparkRunner
+with --streaming.
+
+The suite builds its pipelines with `TestPipeline`; each test here swaps in a TestPipeline that
+runs on SparkRunner with a fresh checkpoint directory. Every test that does not pass is a strict
+xfail with its reason (listed in CONFORMANCE.md).
+"""
+from __future__ import annotations
+
+import tempfile
+from unittest import mock
+
+from apache_beam.testing import test_stream_test as beam_suite
+from apache_beam.testing.test_pipeline import TestPipeline
+
+from sparkbeam import SparkRunner
+from sparkbeam.options import SparkOptions
+from tests.conformance.gaps import mark_known_gaps
+
+
+class SparkTestPipeline(TestPipeline):
+    """TestPipeline on SparkRunner, streaming into a checkpoint directory of its own."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        kwargs["runner"] = SparkRunner()
+        super().__init__(*args, **kwargs)
+        spark = self._options.view_as(SparkOptions)
+        spark.checkpoint_dir = tempfile.mkdtemp(prefix="sparkbeam-teststream-")
+        spark.parallelism = 2
+
+
+class _OnSpark:
+    def setUp(self) -> None:  # noqa: N802 - unittest's name
+        patcher = mock.patch.object(beam_suite, "TestPipeline", SparkTestPipeline)
+        patcher.start()
+        self.addCleanup(patcher.stop)  # type: ignore[attr-defined]
+        super().setUp()  # type: ignore[misc]
+
+
+class TestSparkRunnerOnTestStreamSuite(_OnSpark, beam_suite.TestStreamTest):
+    pass
+
+
+SIDE_INPUTS = "side inputs are not streamed yet (reported at prepare time as unsupported)"
+
+# test name -> why it does not pass on SparkRunner.
+KNOWN_GAPS: dict[str, str] = {
+    "test_basic_execution_batch_sideinputs": SIDE_INPUTS,
+    "test_basic_execution_batch_sideinputs_fixed_windows": SIDE_INPUTS,
+    "test_basic_execution_sideinputs": SIDE_INPUTS,
+    "test_basic_execution_sideinputs_fixed_windows": SIDE_INPUTS,
+    "test_windowed_values_interpreted_correctly": (
+        "the TestStream's output is globally windowed, so its data-channel coder cannot carry the "
+        "IntervalWindow a WindowedValueHolder names (the DirectRunner hands the Python object "
+        "over in memory; a portable runner encodes it)"
+    ),
+}
+
+mark_known_gaps(TestSparkRunnerOnTestStreamSuite, KNOWN_GAPS)

@@ -1,0 +1,83 @@
+"""Killing the driver (kill -9, with its JVM and Python workers) mid-stream three times: each
+restart resumes from the checkpoint and the final output equals an uninterrupted run's, with no
+pane written twice (exactly-once files per micro-batch)."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from sparkbeam.streaming.sinks import WriteToFilesPerBatch, read_lines
+from tests.integration.streaming_pipelines import early_accumulating_late
+
+DRIVER = textwrap.dedent("""
+    import sys
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from sparkbeam import SparkRunner
+    from sparkbeam.streaming.sinks import WriteToFilesPerBatch
+    from tests.integration.streaming_pipelines import early_accumulating_late
+
+    out, ckpt = sys.argv[1], sys.argv[2]
+    options = PipelineOptions(["--streaming", "--allow_unsafe_triggers", "--parallelism=2",
+                               "--spark_master=local[2]", f"--checkpoint_dir={ckpt}"])
+    with beam.Pipeline(runner=SparkRunner(), options=options) as p:
+        early_accumulating_late(p) | WriteToFilesPerBatch(out)
+    print("DRIVER DONE", flush=True)
+""")
+
+
+def _expected() -> list[str]:
+    out = tempfile.mkdtemp(prefix="sparkbeam-restart-ref-")
+    options = PipelineOptions(["--streaming", "--allow_unsafe_triggers"])
+    with beam.Pipeline(runner="BundleBasedDirectRunner", options=options) as p:
+        early_accumulating_late(p) | WriteToFilesPerBatch(out)
+    return sorted(read_lines(out))
+
+
+def _start(out: str, ckpt: str, log) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    return subprocess.Popen([sys.executable, "-c", DRIVER, out, ckpt], stdout=log,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _wait_for_batch(ckpt: str, batch: int, proc: subprocess.Popen, timeout: float) -> bool:
+    path = os.path.join(ckpt, "offsets", str(batch))
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(path):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_kill_9_three_times_then_same_output_without_duplicates(tmp_path) -> None:
+    expected = _expected()
+    assert len(expected) >= 10
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    rng = random.Random(7)
+    kill_at = sorted(rng.sample(range(2, 16), 3))  # the script has 16 events: 17+ batches
+    with open(tmp_path / "driver.log", "w") as log:
+        for batch in kill_at:
+            proc = _start(out, ckpt, log)
+            try:
+                assert _wait_for_batch(ckpt, batch, proc, 240), (
+                    f"batch {batch} never started; see {tmp_path / 'driver.log'}")
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)  # driver, its JVM and Python workers
+                proc.wait(30)
+            log.write(f"\n===== killed in batch {batch} =====\n")
+            log.flush()
+        proc = _start(out, ckpt, log)
+        assert proc.wait(300) == 0, (tmp_path / "driver.log").read_text()[-3000:]
+    actual = read_lines(out)
+    assert len(actual) == len(set(actual)), "a pane was written twice"
+    assert sorted(actual) == expected
