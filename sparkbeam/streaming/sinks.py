@@ -19,15 +19,16 @@ from typing import Any
 import apache_beam as beam
 
 
-def _task_identity() -> tuple[str, int, int]:
-    """(micro-batch, partition, task attempt id) of the Spark task running this code."""
+def _task_identity() -> tuple[str, int, int] | None:
+    """(micro-batch, partition, task attempt id) of the Spark task running this code; None
+    outside a Spark task (another runner: no replays to guard against)."""
     try:
         from pyspark import TaskContext
     except ImportError:  # pragma: no cover - not on Spark
-        return "batch", 0, os.getpid()
+        return None
     tc = TaskContext.get()
     if tc is None:
-        return "batch", 0, os.getpid()
+        return None
     batch = tc.getLocalProperty("streaming.sql.batchId")
     return (f"{int(batch):06d}" if batch is not None else "batch", tc.partitionId(),
             tc.taskAttemptId())
@@ -44,7 +45,14 @@ class _WritePerBatch(beam.DoFn):
         os.makedirs(self.directory, exist_ok=True)
 
     def start_bundle(self) -> None:
-        batch, partition, attempt = _task_identity()
+        self._lines: list[str] = []
+        identity = _task_identity()
+        if identity is None:
+            self._prefix = ("batch", os.getpid())
+            self._unique = uuid.uuid4().hex[:12]
+            return
+        self._unique = ""
+        batch, partition, attempt = identity
         if attempt != self._attempt:
             # First bundle of this task attempt: what an earlier attempt of the same batch and
             # partition wrote is replaced, not added to.
@@ -53,7 +61,6 @@ class _WritePerBatch(beam.DoFn):
             for stale in glob.glob(self._path(batch, partition, "*")):
                 os.remove(stale)
         self._prefix = (batch, partition)
-        self._lines: list[str] = []
 
     def process(self, element: Any) -> Iterator[Any]:
         self._lines.append(element if isinstance(element, str) else repr(element))
@@ -63,7 +70,7 @@ class _WritePerBatch(beam.DoFn):
         if not self._lines:
             return
         batch, partition = self._prefix
-        final = self._path(batch, partition, f"{self._count:05d}")
+        final = self._path(batch, partition, self._unique or f"{self._count:05d}")
         self._count += 1
         temporary = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}")
         with open(temporary, "w", encoding="utf-8") as f:

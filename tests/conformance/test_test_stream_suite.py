@@ -29,15 +29,20 @@ class SparkTestPipeline(TestPipeline):
         spark.parallelism = 2
 
 
-class _OnSpark:
-    def setUp(self) -> None:  # noqa: N802 - unittest's name
-        patcher = mock.patch.object(beam_suite, "TestPipeline", SparkTestPipeline)
-        patcher.start()
-        self.addCleanup(patcher.stop)  # type: ignore[attr-defined]
-        super().setUp()  # type: ignore[misc]
+def on_spark(module: object) -> type:
+    """A mixin making a Beam suite's `module.TestPipeline` a SparkTestPipeline."""
+
+    class OnSpark:
+        def setUp(self) -> None:  # noqa: N802 - unittest's name
+            patcher = mock.patch.object(module, "TestPipeline", SparkTestPipeline)
+            patcher.start()
+            self.addCleanup(patcher.stop)  # type: ignore[attr-defined]
+            super().setUp()  # type: ignore[misc]
+
+    return OnSpark
 
 
-class TestSparkRunnerOnTestStreamSuite(_OnSpark, beam_suite.TestStreamTest):
+class TestSparkRunnerOnTestStreamSuite(on_spark(beam_suite), beam_suite.TestStreamTest):  # type: ignore[misc]
     pass
 
 

@@ -71,6 +71,9 @@ def test_kill_9_three_times_then_same_output_without_duplicates(tmp_path) -> Non
             try:
                 assert _wait_for_batch(ckpt, batch, proc, 240), (
                     f"batch {batch} never started; see {tmp_path / 'driver.log'}")
+                # Into the batch (~1.5 s each here): sometimes before its output is written,
+                # sometimes after it is written but before Spark commits the batch.
+                time.sleep(rng.uniform(0.2, 1.4))
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)  # driver, its JVM and Python workers
                 proc.wait(30)
