@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/wordcount
 
-.PHONY: run test test-fast test-unit test-integration test-conformance lint typecheck bench bench-quick clean
+.PHONY: run test test-fast test-unit test-integration test-conformance test-conformance-streaming lint typecheck bench bench-quick clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
 test: $(STAMP) lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/component
@@ -34,7 +34,11 @@ test-integration: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration
 
 test-conformance: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/conformance
+	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" tests/conformance
+
+# Beam's trigger transcripts and userstate suites on --streaming (~25 min on 2 cores).
+test-conformance-streaming: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m streaming_full tests/conformance
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sparkbeam tests
@@ -46,6 +50,7 @@ bench: $(STAMP)
 	bash bench/install.sh $(PY)
 	$(PY) -m bench.splits
 	$(PY) -m bench.modes
+	$(PY) -m bench.streaming
 	$(PY) -m bench.run --scale full
 
 bench-quick: $(STAMP)

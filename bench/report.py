@@ -269,7 +269,7 @@ def markdown(results: dict[str, Any]) -> str:
         # Hand-written: targets met or missed and what the profile says; kept across runs.
         with open(analysis) as f:
             out += [f.read().rstrip(), ""]
-    for extra in ("SPLITS.md", "MODES.md"):
+    for extra in ("SPLITS.md", "MODES.md", "STREAMING.md"):
         # Written by `python -m bench.splits` (dynamic splitting off vs on) and
         # `python -m bench.modes` (local vs standalone vs Connect).
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), extra)

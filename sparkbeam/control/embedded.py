@@ -126,6 +126,11 @@ class TaskStateHandler(sdk_worker.StateHandler):
     def bind_side_inputs(self, side: Mapping[bytes, list[bytes]]) -> None:
         self._side = side
 
+    def swap_user_state(self, servicer: Any) -> Any:
+        """Serves user state from `servicer` (one key's, in streaming); returns the previous."""
+        previous, self._user = self._user, servicer
+        return previous
+
     def drop_user_state(self) -> None:
         """Forgets all user state: the keys it belonged to are finished."""
         self._user = worker_handlers.StateServicer()

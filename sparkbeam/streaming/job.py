@@ -9,7 +9,7 @@ from apache_beam.options import pipeline_options
 from apache_beam.portability.api import metrics_pb2
 
 from sparkbeam.control.metrics_channel import MetricsCollector
-from sparkbeam.options import SparkOptions
+from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.model import Plan
 from sparkbeam.streaming.plan import streaming_plan
 from sparkbeam.streaming.query import StreamingQueryRun, StreamingSettings
@@ -33,6 +33,7 @@ def run_streaming(
         bundle_bytes=max(1, spark_options.bundle_bytes),
         metrics_address=collector.address,
         job_id=job_id,
+        partitions=positive_or_none(spark_options.parallelism),
     )
     run = StreamingQueryRun(spark, streaming_plan(plan), settings, log)
     try:

@@ -62,9 +62,6 @@ def streaming_problems(plan: Plan) -> list[Unsupported]:
     found = []
     for stage in plan.stages:
         where = f"{stage.label} [{stage.description}]"
-        if stage.stateful:
-            found.append(Unsupported("stateful DoFn (user state or timers) in streaming", where,
-                                     "not built yet in the streaming engine; run in batch"))
         if stage.side_inputs:
             found.append(Unsupported("side inputs in streaming", where,
                                      "not built yet in the streaming engine"))

@@ -24,7 +24,12 @@ from sparkbeam.execute.stage_task import TaskSpec
 from sparkbeam.plan.model import Stage
 from sparkbeam.streaming.beam_source import BeamSource, encode
 from sparkbeam.streaming.clock import read_offset_entry
-from sparkbeam.streaming.operators import ROW_SCHEMA, GroupByKeyProcessor, StageTask
+from sparkbeam.streaming.operators import (
+    ROW_SCHEMA,
+    GroupByKeyProcessor,
+    StageTask,
+    StatefulStageProcessor,
+)
 from sparkbeam.streaming.plan import StreamingPlan
 
 _LOG = logging.getLogger(__name__)
@@ -40,6 +45,7 @@ class StreamingSettings:
     metrics_address: str | None = None
     job_id: str = "job"
     extra_batches: int = 1  # batches run after the one that reached the final watermark
+    partitions: int | None = None  # shuffle partitions of the query (keyed stages)
 
 
 def build_query_frame(spark: SparkSession, splan: StreamingPlan,
@@ -77,7 +83,13 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             input_tags={splan.tag(i.buffer_id): n for n, i in enumerate(stage.inputs)},
             output_tags=tuple(splan.tag(o.buffer_id) for o in stage.outputs),
         )
-        out = _union(inputs).mapInArrow(_named(task, stage), ROW_SCHEMA)
+        if stage.stateful:
+            # User state and timers: the stage runs per key in transformWithState.
+            out = _union(inputs).groupBy("key").transformWithState(
+                StatefulStageProcessor(task, settings.checkpoint_dir), ROW_SCHEMA, "Append",
+                "ProcessingTime")
+        else:
+            out = _union(inputs).mapInArrow(_named(task, stage), ROW_SCHEMA)
         for output in stage.outputs:
             tag = splan.tag(output.buffer_id)
             producers.setdefault(tag, []).append(out.where(F.col("tag") == tag))
@@ -158,7 +170,15 @@ class StreamingQueryRun:
             .queryName(f"sparkbeam_{self.settings.job_id}".replace("-", "_"))
             .trigger(processingTime=self.settings.trigger_interval)
         )
-        self.query = writer.start()
+        # The query's stateful operators keep this many partitions for its whole life (Spark
+        # records it in the checkpoint): --parallelism, not the session's default.
+        previous = self.spark.conf.get("spark.sql.shuffle.partitions") or "200"
+        if self.settings.partitions:
+            self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.partitions))
+        try:
+            self.query = writer.start()
+        finally:
+            self.spark.conf.set("spark.sql.shuffle.partitions", previous)
         self.log(f"{self.settings.job_id}: streaming query started "
                  f"(checkpoint {self.settings.checkpoint_dir})")
         try:

@@ -10,31 +10,39 @@ from __future__ import annotations
 import tempfile
 from unittest import mock
 
+from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.testing import test_stream_test as beam_suite
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from sparkbeam import SparkRunner
 from sparkbeam.options import SparkOptions
+from sparkbeam.urns import TEST_STREAM
 from tests.conformance.gaps import mark_known_gaps
 
 
 class SparkTestPipeline(TestPipeline):
     """TestPipeline on SparkRunner, streaming into a checkpoint directory of its own."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        kwargs["runner"] = SparkRunner()
-        super().__init__(*args, **kwargs)
+    def __init__(self, runner=None, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(SparkRunner(), *args, **kwargs)  # whatever runner the test names
         spark = self._options.view_as(SparkOptions)
         spark.checkpoint_dir = tempfile.mkdtemp(prefix="sparkbeam-teststream-")
         spark.parallelism = 2
 
+    def run(self, test_runner_api="AUTO"):  # type: ignore[no-untyped-def]
+        # As Beam's DirectRunner: a pipeline with a TestStream runs in streaming mode.
+        proto = self.to_runner_api()
+        if any(t.spec.urn == TEST_STREAM for t in proto.components.transforms.values()):
+            self._options.view_as(StandardOptions).streaming = True
+        return super().run(test_runner_api)
 
-def on_spark(module: object) -> type:
+
+def on_spark(module: object, pipeline: type | None = None) -> type:
     """A mixin making a Beam suite's `module.TestPipeline` a SparkTestPipeline."""
 
     class OnSpark:
         def setUp(self) -> None:  # noqa: N802 - unittest's name
-            patcher = mock.patch.object(module, "TestPipeline", SparkTestPipeline)
+            patcher = mock.patch.object(module, "TestPipeline", pipeline or SparkTestPipeline)
             patcher.start()
             self.addCleanup(patcher.stop)  # type: ignore[attr-defined]
             super().setUp()  # type: ignore[misc]

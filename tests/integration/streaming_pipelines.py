@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 import apache_beam as beam
 from apache_beam.testing.test_stream import TestStream
-from apache_beam.transforms import trigger, window
+from apache_beam.coders import VarIntCoder
+from apache_beam.transforms import trigger, userstate, window
+from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
 
 
@@ -97,7 +99,43 @@ def flatten_with_create_and_two_groupings(p):
     return sums | "Regroup" >> beam.GroupByKey() | beam.ParDo(Describe())
 
 
+class BufferWithTimers(beam.DoFn):
+    """Bag state, an event-time timer at the end of each element's 10 s window (last set
+    wins) and a processing-time timer at processing time 7 s, once per key."""
+
+    BUF = userstate.BagStateSpec("buf", VarIntCoder())
+    FIRED = userstate.ReadModifyWriteStateSpec("fired", VarIntCoder())
+    ET = userstate.TimerSpec("et", TimeDomain.WATERMARK)
+    PT = userstate.TimerSpec("pt", TimeDomain.REAL_TIME)
+
+    def process(self, kv, t=beam.DoFn.TimestampParam, buf=beam.DoFn.StateParam(BUF),
+                fired=beam.DoFn.StateParam(FIRED), et=beam.DoFn.TimerParam(ET),
+                pt=beam.DoFn.TimerParam(PT)):
+        buf.add(kv[1])
+        et.set(int(t) // 10 * 10 + 10)
+        if not fired.read():
+            pt.set(7)
+
+    @userstate.on_timer(ET)
+    def on_et(self, key=beam.DoFn.KeyParam, t=beam.DoFn.TimestampParam,
+              buf=beam.DoFn.StateParam(BUF)):
+        yield (key, "et", t.micros // 1000 / 1000, sorted(buf.read()))
+        buf.clear()
+
+    @userstate.on_timer(PT)
+    def on_pt(self, key=beam.DoFn.KeyParam, buf=beam.DoFn.StateParam(BUF),
+              fired=beam.DoFn.StateParam(FIRED)):
+        fired.write(1)
+        yield (key, "pt", sorted(buf.read()))
+
+
+def stateful_timers(p):
+    """The spike's stateful DoFn: bag state with an event-time and a processing-time timer."""
+    return p | events(*SPIKE_SCRIPT) | beam.ParDo(BufferWithTimers())
+
+
 STREAMING_PIPELINES: dict[str, Callable] = {
+    "stateful_timers": stateful_timers,
     "fixed_default": fixed_default,
     "early_accumulating_late": early_accumulating_late,
     "processing_time_trigger": processing_time_trigger,

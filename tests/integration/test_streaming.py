@@ -46,26 +46,16 @@ def test_same_panes_as_direct_runner(name: str, tmp_path) -> None:
 
 
 def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> None:
-    class Stateful(beam.DoFn):
-        from apache_beam.transforms.userstate import BagStateSpec
-        from apache_beam.coders import VarIntCoder
-
-        BAG = BagStateSpec("bag", VarIntCoder())
-
-        def process(self, kv, bag=beam.DoFn.StateParam(BAG)):
-            bag.add(kv[1])
-            yield kv
-
     def build(p):
-        return (STREAMING_PIPELINES["fixed_default"](p) | beam.Map(lambda r: (r[0], 1))
-                | beam.ParDo(Stateful()))
+        side = p | "Side" >> beam.Create([1, 2])
+        return (STREAMING_PIPELINES["fixed_default"](p)
+                | "WithSide" >> beam.Map(lambda r, s: (r, sum(s)), s=beam.pvalue.AsList(side)))
 
     with pytest.raises(UnsupportedFeatureError) as info:
         run_streaming(build, SparkRunner(), [])
     text = str(info.value)
     assert "streaming without --checkpoint_dir in the pipeline options" in text
-    assert re.search(r"stateful DoFn \(user state or timers\) in streaming in stage-\d+ "
-                     r"\[.*ParDo\(Stateful\)", text), text
+    assert re.search(r"side inputs in streaming in stage-\d+ \[WithSide", text), text
     assert len(info.value.features) == 2
 
 
