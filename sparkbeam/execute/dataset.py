@@ -188,7 +188,7 @@ class Datasets:
 
             tc = TaskContext.get()
             attempt = (tc.stageId(), tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
-            yield from _to_batches(task(_rows(batches), attempt))
+            yield from to_arrow_batches(task(_rows(batches), attempt))
 
         if name:
             # The SQL tab of the Spark UI names each MapInArrow node by its function.
@@ -375,7 +375,7 @@ def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, Any, bytes]]
         yield from zip(inputs, keys, values, strict=True)
 
 
-def _to_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:
+def to_arrow_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:
     tags: list[int] = []
     keys: list[Any] = []
     values: list[bytes] = []

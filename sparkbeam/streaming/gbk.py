@@ -81,6 +81,7 @@ class KeyGrouper:
         self.clock = RunnerClock()
         windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
         self.allowed_lateness = windowing.allowed_lateness
+        self.merging = windowing.windowfn.is_merging()
         self.driver = trigger.create_trigger_driver(windowing, is_batch=False, clock=self.clock)
 
     def process(
@@ -117,6 +118,10 @@ class KeyGrouper:
         """Drops windows the watermark has passed by more than the allowed lateness: their last
         pane has fired and any element for them is dropped as too late (Beam's rule), so their
         state would otherwise only grow (Beam's trigger driver keeps it)."""
+        if self.merging:
+            # A late element may still merge into an expired session (Beam's driver and
+            # DirectRunner do so), so merging windows keep their state.
+            return
         adapter = trigger.MergeableStateAdapter(state)
         expired = [w for w in adapter.known_windows()
                    if watermark > w.end + self.allowed_lateness]

@@ -17,6 +17,7 @@ import pyarrow as pa
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from sparkbeam.execute.dataset import to_arrow_batches
 from sparkbeam.execute.stage_task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.execute.task_errors import error_payload
 from sparkbeam.plan.model import Grouping
@@ -26,10 +27,6 @@ from sparkbeam.streaming.script import RunnerTime
 from sparkbeam.streaming.stateful import KeyStage, rows_by_input
 
 ROW_SCHEMA = "tag int, key binary, value binary"
-_ARROW = pa.schema(
-    [("tag", pa.int32(), False), ("key", pa.binary()), ("value", pa.binary(), False)]
-)
-_BATCH = 8192
 
 
 @dataclass(frozen=True)
@@ -52,27 +49,13 @@ class StageTask:
             for tag, key, value in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
                                        batch.column(2).to_pylist(), strict=True)
         )
-        tags: list[int] = []
-        keys: list[Any] = []
-        values: list[bytes] = []
-        for index, key, value in run_stage_task(self.spec, rows, {}, attempt):
-            if index == METRICS_TAG:
-                continue  # streaming metrics reach the driver through the metrics channel
-            tags.append(self.output_tags[index])
-            keys.append(key)
-            values.append(value)
-            if len(tags) >= _BATCH:
-                yield _batch(tags, keys, values)
-                tags, keys, values = [], [], []
-        if tags:
-            yield _batch(tags, keys, values)
-
-
-def _batch(tags: list[int], keys: list[Any], values: list[bytes]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(tags, pa.int32()), pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
-        schema=_ARROW,
-    )
+        outputs = run_stage_task(self.spec, rows, {}, attempt)
+        # Streaming metrics reach the driver through the metrics channel, not as rows.
+        yield from to_arrow_batches(
+            (self.output_tags[index], key, value)
+            for index, key, value in outputs
+            if index != METRICS_TAG
+        )
 
 
 class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import re
 import tempfile
+import time
 
 import apache_beam as beam
 import pytest
 from apache_beam.metrics import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import window
 
 from sparkbeam import SparkRunner
@@ -55,7 +57,7 @@ def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> Non
         run_streaming(build, SparkRunner(), [])
     text = str(info.value)
     assert "streaming without --checkpoint_dir in the pipeline options" in text
-    assert re.search(r"side inputs in streaming in stage-\d+ \[WithSide", text), text
+    assert re.search(r"side inputs in streaming in stage-\d+ \[.*WithSide", text), text
     assert len(info.value.features) == 2
 
 
@@ -93,3 +95,22 @@ def test_counters_of_a_streaming_job_are_committed_once(tmp_path) -> None:
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_name("seen"))["counters"]
     assert sum(c.committed for c in counters) == 4
+
+
+def test_cancel_stops_a_running_streaming_job(tmp_path) -> None:
+    script = [("add", [("k", i, i)]) for i in range(200)]  # ~200 micro-batches: minutes
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=1"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    _ = p | events(*script) | beam.Map(lambda kv: kv)
+    result = p.run()
+    offsets = tmp_path / "ckpt" / "offsets"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (offsets / "3").exists():
+        time.sleep(0.2)
+    assert (offsets / "3").exists(), "the query never got going"
+    started = time.time()
+    assert result.cancel() == PipelineState.CANCELLED
+    assert result.state == PipelineState.CANCELLED
+    assert time.time() - started < 30
+    assert len(list(offsets.iterdir())) < 150  # it did not run to the end
