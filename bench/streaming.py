@@ -246,17 +246,19 @@ def latency(batches: int, per_batch: int, keys: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", default="1000,100000")
-    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
     args = parser.parse_args()
     from sparkbeam.execute.dataset import get_session
     from sparkbeam.options import SparkOptions
 
-    spark = get_session(SparkOptions(["--spark_master=local[2]", "--parallelism=2"]))
+    spark = get_session(SparkOptions(["--spark_master=local[2]", "--parallelism=2",
+                                      "--spark_conf=spark.driver.memory=4g"]))
     spark.sparkContext.setLogLevel("ERROR")
     rows = []
     for keys in [int(k) for k in args.keys.split(",")]:
-        per_batch = max(20_000, keys) // (10 if args.quick else 1)
+        # 20k events per batch at 1k keys; at 100k keys 50k per batch (half the keys each).
+        per_batch = max(20_000, keys // 2) // (10 if args.quick else 1)
         batches = 3 if args.quick else args.batches
         plain = run_plain(spark, batches, per_batch, keys)
         for workload in ("per_key_count", "windowed_gbk"):

@@ -6,6 +6,7 @@ source whose rows are already tagged, and every other stage reads the tags of it
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,20 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
         impulse = Item(rows=((IMPULSE_TAG, None, ENCODED_IMPULSE_VALUE),))
         endpoints.append(Endpoint(IMPULSE_ENDPOINT, (impulse,)))
     script = Script(tuple(endpoints), test_clock=True)
-    return StreamingPlan(plan, script, tags, tuple(stages))
+    return StreamingPlan(_without_events(plan), script, tags, tuple(stages))
+
+
+def _without_events(plan: Plan) -> Plan:
+    """The plan with its TestStreams' events dropped from the components: they now live in the
+    script, and the components travel with every task and keyed operator (a large payload
+    there makes Spark broadcast the operator, which transformWithState cannot load)."""
+    comps = beam_runner_api_pb2.Components.FromString(plan.components)
+    for transform in comps.transforms.values():
+        if transform.spec.urn == urns.TEST_STREAM:
+            payload = beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
+            del payload.events[:]
+            transform.spec.payload = payload.SerializeToString()
+    return dataclasses.replace(plan, components=comps.SerializeToString())
 
 
 def _test_stream_endpoint(plan: Plan, stage: Stage, transform: beam_runner_api_pb2.PTransform,

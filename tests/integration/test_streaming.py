@@ -10,6 +10,8 @@ import pytest
 from apache_beam.metrics import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
 from sparkbeam import SparkRunner
@@ -114,3 +116,17 @@ def test_cancel_stops_a_running_streaming_job(tmp_path) -> None:
     assert result.state == PipelineState.CANCELLED
     assert time.time() - started < 30
     assert len(list(offsets.iterdir())) < 150  # it did not run to the end
+
+
+def test_a_test_stream_larger_than_spark_broadcasts_commands(tmp_path) -> None:
+    # Over 1 MB of events: were they left in the components every operator carries, Spark
+    # would broadcast transformWithState's command, which its driver-side runner cannot load.
+    n = 60_000
+    elements = [window.TimestampedValue((f"key-{i % 50:02d}", f"value-{i:08d}"), 1)
+                for i in range(n)]
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2"])
+    with beam.Pipeline(runner=SparkRunner(), options=options) as p:
+        counts = (p | TestStream().add_elements(elements).advance_watermark_to_infinity()
+                  | beam.WindowInto(window.FixedWindows(10)) | beam.combiners.Count.PerKey())
+        assert_that(counts, equal_to([(f"key-{k:02d}", n // 50) for k in range(50)]))
