@@ -3,8 +3,8 @@
 Roots -> one `sparkbeam_beam` source; stateless stages -> `mapInArrow` with the batch stage
 task; GroupByKeys -> `transformWithState` (Append, ProcessingTime) feeding their consumers in
 the same micro-batch. The sink runs every leaf stage each batch. The query ends when every
-endpoint is exhausted and a batch at the final watermark (+inf) has run, or when cancelled;
-`drain` stops reading (the script is cut to what was read) and lets the watermark finish.
+endpoint is exhausted and a batch at the final watermark (+inf) has run, or when cancelled
+(Drain is not built yet).
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _union(frames: list[DataFrame]) -> DataFrame:
 
 
 class StreamingQueryRun:
-    """Starts the query, watches it, stops it when the job is done, cancelled or drained."""
+    """Starts the query, watches it, stops it when the job is done or cancelled."""
 
     def __init__(self, spark: SparkSession, splan: StreamingPlan, settings: StreamingSettings,
                  log: Callable[[str], None]) -> None:
@@ -160,7 +160,7 @@ class StreamingQueryRun:
         ):
             self._finished.set()
 
-    def run(self, cancelled: threading.Event, drained: threading.Event | None = None) -> None:
+    def run(self, cancelled: threading.Event) -> None:
         self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
         frame = build_query_frame(self.spark, self.splan, self.settings)
         writer = (

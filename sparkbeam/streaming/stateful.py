@@ -70,7 +70,6 @@ class KeyStage:
                 worker.state.swap_user_state(previous)
                 raise
         timers = {f: dict(p) for f, p in driver._timers.items() if p}
-        self.infos = driver.infos
         if not timers and not state["state"] and not state["ordered"]:
             return out, None, False
         return out, pickle.dumps({**state, "timers": timers}, protocol=5), bool(timers)

@@ -11,6 +11,7 @@ from tests.conformance.gaps import mark_known_gaps
 from tests.conformance.test_test_stream_suite import on_spark
 
 
+@pytest.mark.streaming_full  # ~2 min: kept out of make test for the CI's 30-minute budget
 class TestSparkRunnerOnTriggerPipelineSuite(on_spark(beam_suite),  # type: ignore[misc]
                                             beam_suite.TriggerPipelineTest):
     pass
