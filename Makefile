@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
 test: $(STAMP) lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" --durations=25 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/component
@@ -36,7 +36,7 @@ test-integration: $(STAMP)
 test-conformance: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" tests/conformance
 
-# Beam's trigger transcripts and userstate suites on --streaming (~25 min on 2 cores).
+# Beam's trigger transcripts, userstate and TestStream side-input tests on --streaming (~25 min on 2 cores).
 test-conformance-streaming: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m streaming_full tests/conformance
 

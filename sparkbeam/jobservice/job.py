@@ -48,7 +48,7 @@ class Job:
         self.pipeline = pipeline
         self.options = options
         self.run_lock = threading.Lock()  # one Run request at a time gets past staging
-        self._machine = st.JobStateMachine(job_id)
+        self._machine = st.JobStateMachine(job_id, streaming=_is_streaming(options))
         self._cond = threading.Condition()
         self._states: list[beam_job_api_pb2.JobStateEvent] = []
         self._messages: list[beam_job_api_pb2.JobMessagesResponse] = []
@@ -125,8 +125,9 @@ class Job:
         return self.state
 
     def drain(self) -> int:
-        """Drains the job (always refused: jobs are batch)."""
-        self._apply(st.DrainRequested())
+        """Asks a streaming job to stop reading and finish what its watermark allows (refused
+        for batch jobs); returns the state it is in afterwards."""
+        self._carry_out(self._apply(st.DrainRequested()))
         return self.state
 
     def fail_staging(self, error: str) -> None:
@@ -222,17 +223,18 @@ class Job:
     def _carry_out(self, instructions: Sequence[st.Instruction]) -> None:
         """Carries out the instructions that call the executor (outside the lock)."""
         for instruction in instructions:
-            if isinstance(instruction, st.CancelRun):
+            if isinstance(instruction, st.CancelRun | st.DrainRun):
+                what = "cancel" if isinstance(instruction, st.CancelRun) else "drain"
                 with self._cond:
                     handle = self._handle
                 if handle is None:
                     continue
                 try:
-                    handle.cancel()
-                except Exception as exc:  # noqa: BLE001 - reported to the job, Cancel succeeds
-                    _LOGGER.warning("%s: cancel failed: %r", self.job_id, exc)
+                    handle.cancel() if what == "cancel" else handle.drain()
+                except Exception as exc:  # noqa: BLE001 - reported to the job, the RPC succeeds
+                    _LOGGER.warning("%s: %s failed: %r", self.job_id, what, exc)
                     with self._cond:
-                        self._record_message(st.WARNING, f"{self.job_id}: cancel failed: {exc}")
+                        self._record_message(st.WARNING, f"{self.job_id}: {what} failed: {exc}")
 
     def _record_state(self, new: int) -> None:
         stamp = timestamp_pb2.Timestamp()
@@ -271,3 +273,12 @@ class Job:
                     return
             if closed and not batch:
                 return
+
+
+def _is_streaming(options: struct_pb2.Struct) -> bool:
+    """Whether the job's options ask for streaming (as the portable client or a plain
+    dictionary of options names it)."""
+    for name in ("beam:option:streaming:v1", "streaming"):
+        if name in options.fields:
+            return bool(options.fields[name].bool_value)
+    return False

@@ -29,6 +29,11 @@ class RunHandle(Protocol):
         """Asks the run to stop; returns at once. The run ends later in CANCELLED."""
         ...
 
+    def drain(self) -> None:
+        """Asks a streaming run to stop reading and fire what its watermark allows; returns at
+        once. The run ends later in DRAINED."""
+        ...
+
     def metrics(self) -> Any:
         """An object with `.committed_infos` and `.attempted_infos`, both
         `list[metrics_pb2.MonitoringInfo]` (e.g. `sparkbeam.metrics.SparkMetrics`)."""

@@ -35,7 +35,7 @@ TERMINAL: frozenset[int] = frozenset({DONE, FAILED, CANCELLED, DRAINED, UPDATED}
 # Every state change the machine may make. Terminal states have no way out.
 ALLOWED: dict[int, frozenset[int]] = {
     STOPPED: frozenset({STARTING, CANCELLED, FAILED}),
-    STARTING: frozenset({RUNNING, CANCELLING, DONE, FAILED, CANCELLED}),
+    STARTING: frozenset({RUNNING, CANCELLING, DRAINING, DONE, FAILED, CANCELLED}),
     RUNNING: frozenset({CANCELLING, DRAINING, DONE, FAILED, CANCELLED}),
     DRAINING: frozenset({DRAINED, CANCELLING, DONE, FAILED, CANCELLED}),
     CANCELLING: frozenset({CANCELLED, DONE, FAILED}),
@@ -158,14 +158,21 @@ class CancelRun:
     """Call `handle.cancel()` on the job's run."""
 
 
-Instruction = Publish | Report | StartRun | CancelRun
+@dataclass(frozen=True)
+class DrainRun:
+    """Call `handle.drain()` on the job's run (a streaming job)."""
+
+
+Instruction = Publish | Report | StartRun | CancelRun | DrainRun
 
 
 class JobStateMachine:
     """The state of one job. `handle(event)` returns what the shell must do, in order."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, streaming: bool = False) -> None:
         self.job_id = job_id
+        self.streaming = streaming  # only a streaming job can be drained
+        self.drain_requested = False
         self.state: int = STOPPED
         self.history: list[int] = [STOPPED]
         self.run_requested = False
@@ -215,8 +222,12 @@ class JobStateMachine:
                 f"(state {state_name(self.state)})"
             )
         self.run_started = True
-        # A Cancel that came while the executor was still starting is delivered now.
-        return [CancelRun()] if self.cancel_requested and not is_terminal(self.state) else []
+        # A Cancel or Drain that came while the executor was still starting is delivered now.
+        if is_terminal(self.state):
+            return []
+        if self.cancel_requested:
+            return [CancelRun()]
+        return [DrainRun()] if self.drain_requested else []
 
     def _executor_reported(self, new: int, value: str) -> list[Instruction]:
         if not self.run_requested:
@@ -228,8 +239,10 @@ class JobStateMachine:
             return []  # the end of a run is taken from RunEnded, which carries the error
         if new == self.state:
             return []
-        if self.state == CANCELLING and new in (STARTING, RUNNING):
-            return []  # a report from before the cancel reached the executor
+        if self.state in (CANCELLING, DRAINING) and new in (STARTING, RUNNING):
+            return []  # a report from before the cancel or drain reached the executor
+        if self.state == CANCELLING and new == DRAINING:
+            return []
         self._check(new, f"executor reported {value}")
         return [self._move(new)]
 
@@ -266,10 +279,21 @@ class JobStateMachine:
             raise JobStateError(
                 f"{self.job_id} cannot Drain: it already ended in {state_name(self.state)}"
             )
-        raise JobStateError(
-            f"{self.job_id} cannot Drain: it is a batch job (state {state_name(self.state)}); "
-            "Drain applies to streaming jobs only, use Cancel to stop it"
-        )
+        if not self.streaming:
+            raise JobStateError(
+                f"{self.job_id} cannot Drain: it is a batch job (state {state_name(self.state)}); "
+                "Drain applies to streaming jobs only, use Cancel to stop it"
+            )
+        if self.state == DRAINING:
+            return []  # Drain is idempotent
+        if self.state in (STOPPED, CANCELLING):
+            raise JobStateError(
+                f"{self.job_id} cannot Drain: it is {state_name(self.state)} (a job drains "
+                "once it runs and before it is cancelled)"
+            )
+        self.drain_requested = True
+        moved: list[Instruction] = [self._move(DRAINING)]
+        return moved + [DrainRun()] if self.run_started else moved
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ class OffsetLogClock:
     def __init__(self, checkpoint: str) -> None:
         self.directory = os.path.join(checkpoint, "offsets")
         self._by_timestamp: dict[int, RunnerTime] = {}
+        self._batch_of: dict[int, int] = {}  # batch timestamp -> batch id
+        self._by_batch: dict[int, RunnerTime] = {}
         self._read: set[str] = set()
         self._lock = threading.Lock()
 
@@ -37,6 +39,20 @@ class OffsetLogClock:
                 )
             return found
 
+    def batch_at(self, batch_timestamp_ms: int) -> int:
+        """The id of the micro-batch with this timestamp."""
+        self.at(batch_timestamp_ms)
+        return self._batch_of[batch_timestamp_ms]
+
+    def of_batch(self, batch: int) -> RunnerTime:
+        """The runner's time of micro-batch `batch` (a recent one: the last 64 are scanned)."""
+        with self._lock:
+            if batch not in self._by_batch:
+                self._scan()
+            if batch not in self._by_batch:
+                raise LookupError(f"no micro-batch {batch} in {self.directory}")
+            return self._by_batch[batch]
+
     def _scan(self) -> None:
         names = sorted((n for n in os.listdir(self.directory) if n.isdigit()), key=int)
         for name in names[-64:]:
@@ -46,7 +62,8 @@ class OffsetLogClock:
             if entry is None:
                 continue  # being written
             timestamp, offset = entry
-            self._by_timestamp[timestamp] = runner_time(offset)
+            self._by_timestamp[timestamp] = self._by_batch[int(name)] = runner_time(offset)
+            self._batch_of[timestamp] = int(name)
             self._read.add(name)
 
 

@@ -9,6 +9,8 @@ The runner's time comes from the offset log (`clock.py`).
 """
 from __future__ import annotations
 
+import dataclasses
+import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,13 +19,26 @@ import pyarrow as pa
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.execute.dataset import to_arrow_batches
+from sparkbeam.execute.side_inputs import side_input_state
 from sparkbeam.execute.stage_task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.execute.task_errors import error_payload
 from sparkbeam.plan.model import Grouping
 from sparkbeam.streaming.clock import OffsetLogClock
 from sparkbeam.streaming.gbk import dump_state, grouper, has_timers, load_state
-from sparkbeam.streaming.script import RunnerTime
+from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, RunnerTime
+from sparkbeam.streaming.sides import (
+    HoldStore,
+    SideReadiness,
+    SideStore,
+    StreamingSide,
+    hold_path,
+    values_of,
+    watermark_at_start,
+    write_hold,
+    write_side_file,
+)
 from sparkbeam.streaming.stateful import KeyStage, rows_by_input
 
 ROW_SCHEMA = "tag int, key binary, value binary"
@@ -62,9 +77,11 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
     """One blob of Beam state per key, one Spark wake-up timer while Beam timers are pending,
     the runner's time from the offset log."""
 
-    def __init__(self, pickle_library: str, checkpoint: str) -> None:
+    def __init__(self, pickle_library: str, checkpoint: str, holds: tuple[str, ...] = ()
+                 ) -> None:
         self.pickle_library = pickle_library
         self.checkpoint = checkpoint
+        self.holds = holds  # side-input stages upstream: their holds bound the input watermark
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         from sparkbeam.execute import worker_context
@@ -73,6 +90,8 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         self.handle = handle
         self.blob = handle.getValueState("beam", "blob binary, wake long")
         self.clock = OffsetLogClock(self.checkpoint)
+        self.hold_store = HoldStore(self.checkpoint)
+        self.batch = -1
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802
         return self._step(bytes(key[0]), list(rows), timerValues, woken=False)
@@ -88,10 +107,11 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
 
     def _step(self, key: bytes, rows: list[Row], timer_values: Any, woken: bool) -> Iterator[Row]:
         now_ms = timer_values.getCurrentProcessingTimeInMs()
+        self.batch = self.clock.batch_at(now_ms)
         saved = self.blob.get() if self.blob.exists() else None
         blob = bytes(saved[0]) if saved and saved[0] is not None else None
         wake = None if woken or not saved else saved[1]
-        out, blob, pending = self._process(key, rows, blob, self.clock.at(now_ms))
+        out, blob, pending = self._process(key, rows, blob, self._time(now_ms))
         if pending and wake is None:
             wake = now_ms + 1
             self.handle.registerTimer(wake)
@@ -100,6 +120,20 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         else:
             self.blob.update((blob, wake))
         return iter(out)
+
+    def _time(self, now_ms: int) -> RunnerTime:
+        time = self.clock.at(now_ms)
+        if not self.holds:
+            return time
+        # Downstream of side-input stages, event time runs one batch behind, held back by the
+        # elements still waiting there (`sides.py`).
+        after = self._watermark_at_start(self.batch)
+        before = self._watermark_at_start(self.batch - 1) if self.batch > 0 else MIN_MICROS
+        return dataclasses.replace(time, watermark_before=min(before, after), watermark=after)
+
+    def _watermark_at_start(self, batch: int, holds: tuple[str, ...] | None = None) -> int:
+        return watermark_at_start(self.clock.of_batch(batch).watermark_before,
+                                  self.holds if holds is None else holds, self.hold_store, batch)
 
     def close(self) -> None:
         pass
@@ -110,8 +144,8 @@ class GroupByKeyProcessor(_KeyedProcessor):
     (output tag, key, KV<key, iterable>) out."""
 
     def __init__(self, grouping: Grouping, components: bytes, pickle_library: str,
-                 output_tag: int, checkpoint: str) -> None:
-        super().__init__(pickle_library, checkpoint)
+                 output_tag: int, checkpoint: str, holds: tuple[str, ...] = ()) -> None:
+        super().__init__(pickle_library, checkpoint, holds)
         self.grouping = grouping
         self.components = components
         self.output_tag = output_tag
@@ -134,13 +168,27 @@ class StatefulStageProcessor(_KeyedProcessor):
     """A stage with a stateful DoFn: the key's elements and due timers through the SDK's bundle
     processor, its user state and timers in the blob (`stateful.py`)."""
 
-    def __init__(self, task: StageTask, checkpoint: str) -> None:
-        super().__init__(task.spec.pickle_library, checkpoint)
+    def __init__(self, task: StageTask, checkpoint: str, holds: tuple[str, ...] = ()) -> None:
+        super().__init__(task.spec.pickle_library, checkpoint, holds)
         self.task = task
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
         self.key_stage = KeyStage(self.task.spec)
+        self.failed = False
+
+    def close(self) -> None:
+        # One metrics report per task (micro-batch, partition): the infos of all its keys.
+        infos = self.key_stage.take_infos()
+        spec = self.task.spec
+        if self.batch < 0 or not infos or not spec.metrics_address:
+            return
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        partition, attempt = (tc.partitionId(), tc.attemptNumber()) if tc else (0, 0)
+        key = AttemptKey(spec.job_id, spec.stage.label, self.batch, partition, attempt)
+        MetricsReporter(spec.metrics_address, key).report(infos, final=True, ok=not self.failed)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, bool]:
@@ -148,7 +196,89 @@ class StatefulStageProcessor(_KeyedProcessor):
         try:
             out, blob, pending = self.key_stage.step(blob, inputs, time)
         except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
+            self.failed = True
             raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None
         rows_out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                     for index, k, v in out]
         return rows_out, blob, pending
+
+
+@dataclass(frozen=True)
+class SideWriter:
+    """Writes one side-input buffer's rows of this task to the checkpoint (`sides.py`); emits
+    nothing."""
+
+    directory: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        assert tc is not None, "side-input buffers are written by Spark tasks"
+        batch = int(tc.getLocalProperty("streaming.sql.batchId") or 0)
+        write_side_file(self.directory, batch, tc.partitionId(), values_of(batches))
+        yield from ()
+
+
+class SideInputStageProcessor(_KeyedProcessor):
+    """A stage reading side inputs: its main-input elements wait in the state of a spread key
+    (`SIDE_KEYS` per stage) until the side inputs are ready for their windows, then run as a
+    plain stage with the side inputs written by earlier batches."""
+
+    def __init__(self, task: StageTask, sides: tuple[StreamingSide, ...], checkpoint: str
+                 ) -> None:
+        super().__init__(task.spec.pickle_library, checkpoint)
+        self.task = task
+        self.sides = sides
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        super().init(handle)
+        from sparkbeam.execute import worker_context
+
+        ctx = worker_context.pipeline_context(self.task.spec.components)
+        stage = self.task.spec.stage
+        self.readiness = SideReadiness(
+            stage, self.sides,
+            {n: ctx.coders[i.coder_id].get_impl() for n, i in enumerate(stage.inputs)},
+        )
+        self.store = SideStore(self.checkpoint)
+        self.ctx = ctx
+        self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
+        self.hold = MAX_MICROS  # earliest element still waiting in this task
+
+    def close(self) -> None:
+        if self.batch < 0:
+            return
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        write_hold(hold_path(self.checkpoint, self.task.spec.stage.label), self.batch,
+                   tc.partitionId() if tc else 0, self.hold)
+
+    def _side_state(self, batch: int) -> dict[bytes, list[bytes]]:
+        if self._state is None or self._state[0] != batch:
+            elements = {s.use.buffer_id: self.store.elements(s.tag, batch) for s in self.sides}
+            self._state = (batch, side_input_state([s.use for s in self.sides], elements,
+                                                   self.ctx))
+        return self._state[1]
+
+    def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
+                 ) -> tuple[list[Row], bytes | None, bool]:
+        from pyspark import TaskContext
+
+        held: list[tuple[int, bytes]] = pickle.loads(blob) if blob else []
+        held.extend((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
+        ready, waiting, hold = self.readiness.split(
+            held, lambda side: self._watermark_at_start(self.batch, side.holds))
+        self.hold = min(self.hold, hold)
+        out = []
+        if ready:
+            tc = TaskContext.get()
+            attempt = (self.batch, int(key), tc.attemptNumber() if tc else 0)
+            outputs = run_stage_task(self.task.spec, ((n, None, v) for n, v in ready),
+                                     self._side_state(self.batch), attempt)
+            out = [Row(tag=self.task.output_tags[index], key=k, value=v)
+                   for index, k, v in outputs if index != METRICS_TAG]
+        if not waiting:
+            return out, None, False
+        return out, pickle.dumps(waiting, protocol=5), True

@@ -27,6 +27,7 @@ from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.execute import worker_context
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage
+from sparkbeam.streaming.sides import StreamingSide, side_problems, upstream_holds
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Endpoint, Item, Script
 
 IMPULSE_TAG = 0
@@ -39,9 +40,27 @@ class StreamingPlan:
     script: Script
     tags: dict[bytes, int]  # buffer id -> tag of its rows
     stages: tuple[Stage, ...]  # the stages run per micro-batch (roots excluded)
+    sides: dict[str, tuple[StreamingSide, ...]] = dataclasses.field(default_factory=dict)
+    # buffer id -> side-input stages upstream of it (their holds bound its watermark)
+    holds: dict[bytes, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def tag(self, buffer_id: bytes) -> int:
         return self.tags[buffer_id]
+
+    @property
+    def side_tags(self) -> set[int]:
+        """Tags of the buffers read as side inputs (written per batch, `sides.py`)."""
+        return {s.tag for uses in self.sides.values() for s in uses}
+
+    def holds_of(self, buffer_ids: list[bytes]) -> tuple[str, ...]:
+        return tuple(sorted({label for b in buffer_ids for label in self.holds.get(b, ())}))
+
+    @property
+    def extra_batches(self) -> int:
+        """Batches run after the one that reached the final watermark: one, and two more per
+        side-input stage (it releases what waited for the end, its consumers fire the batch
+        after)."""
+        return 1 + 2 * len(self.sides)
 
 
 def _test_streams(plan: Plan) -> dict[str, beam_runner_api_pb2.PTransform]:
@@ -63,9 +82,7 @@ def streaming_problems(plan: Plan) -> list[Unsupported]:
     found = []
     for stage in plan.stages:
         where = f"{stage.label} [{stage.description}]"
-        if stage.side_inputs:
-            found.append(Unsupported("side inputs in streaming", where,
-                                     "not built yet in the streaming engine"))
+        found.extend(side_problems(stage))
         if stage.splittable:
             found.append(Unsupported("splittable DoFn read in streaming", where,
                                      "only TestStream and Create roots are streamed so far"))
@@ -93,7 +110,14 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
         impulse = Item(rows=((IMPULSE_TAG, None, ENCODED_IMPULSE_VALUE),))
         endpoints.append(Endpoint(IMPULSE_ENDPOINT, (impulse,)))
     script = Script(tuple(endpoints), test_clock=True)
-    return StreamingPlan(_without_events(plan), script, tags, tuple(stages))
+    holds = upstream_holds(stages)
+    sides = {
+        stage.label: tuple(StreamingSide(use, tags[use.buffer_id], holds.get(use.buffer_id, ()))
+                           for use in stage.side_inputs)
+        for stage in stages
+        if stage.side_inputs
+    }
+    return StreamingPlan(_without_events(plan), script, tags, tuple(stages), sides, holds)
 
 
 def _without_events(plan: Plan) -> Plan:

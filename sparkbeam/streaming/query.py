@@ -27,10 +27,13 @@ from sparkbeam.streaming.clock import read_offset_entry
 from sparkbeam.streaming.operators import (
     ROW_SCHEMA,
     GroupByKeyProcessor,
+    SideInputStageProcessor,
+    SideWriter,
     StageTask,
     StatefulStageProcessor,
 )
 from sparkbeam.streaming.plan import StreamingPlan
+from sparkbeam.streaming.sides import side_path
 
 _LOG = logging.getLogger(__name__)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -60,6 +63,7 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     for tag in sorted(root_tags):
         producers[tag] = [source.where(F.col("tag") == tag)]
     consumed = {i.buffer_id for s in splan.stages for i in s.inputs}
+    consumed |= {u.buffer_id for s in splan.stages for u in s.side_inputs}
     leaves = []
     for stage in splan.stages:
         inputs = []
@@ -72,7 +76,8 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             grouping = plan.groupings.get(inp.buffer_id)
             if grouping is not None:
                 processor = GroupByKeyProcessor(grouping, plan.components, plan.pickle_library,
-                                                tag, settings.checkpoint_dir)
+                                                tag, settings.checkpoint_dir,
+                                                splan.holds_of([inp.buffer_id]))
                 frame = frame.groupBy("key").transformWithState(
                     processor, ROW_SCHEMA, "Append", "ProcessingTime")
             inputs.append(frame)
@@ -83,10 +88,19 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             input_tags={splan.tag(i.buffer_id): n for n, i in enumerate(stage.inputs)},
             output_tags=tuple(splan.tag(o.buffer_id) for o in stage.outputs),
         )
-        if stage.stateful:
+        if stage.side_inputs:
+            # Main-input elements wait for their side inputs in the state of a spread key.
+            spread = F.pmod(F.xxhash64("value"), F.lit(settings.partitions or 2))
+            out = _union(inputs).withColumn("key", spread.cast("string").cast("binary")).groupBy(
+                "key").transformWithState(
+                SideInputStageProcessor(task, splan.sides[stage.label], settings.checkpoint_dir),
+                ROW_SCHEMA, "Append", "ProcessingTime")
+        elif stage.stateful:
             # User state and timers: the stage runs per key in transformWithState.
             out = _union(inputs).groupBy("key").transformWithState(
-                StatefulStageProcessor(task, settings.checkpoint_dir), ROW_SCHEMA, "Append",
+                StatefulStageProcessor(task, settings.checkpoint_dir,
+                                       splan.holds_of([i.buffer_id for i in stage.inputs])),
+                ROW_SCHEMA, "Append",
                 "ProcessingTime")
         else:
             out = _union(inputs).mapInArrow(_named(task, stage), ROW_SCHEMA)
@@ -95,6 +109,10 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             producers.setdefault(tag, []).append(out.where(F.col("tag") == tag))
         if not any(o.buffer_id in consumed for o in stage.outputs):
             leaves.append(out)
+    for tag in sorted(splan.side_tags):
+        # Each batch's side-input elements, for the batches after it.
+        writer = SideWriter(side_path(settings.checkpoint_dir, tag))
+        leaves.append(_union(producers[tag]).mapInArrow(writer, ROW_SCHEMA))
     if not leaves:
         return source
     return _union(leaves)
@@ -140,7 +158,9 @@ class StreamingQueryRun:
                  log: Callable[[str], None]) -> None:
         self.spark = spark
         self.splan = splan
-        self.settings = settings
+        # Side-input stages release what waited for the final watermark in later batches.
+        self.settings = dataclasses.replace(
+            settings, extra_batches=max(settings.extra_batches, splan.extra_batches))
         self.log = log
         self.batches = 0
         self._final_batch: int | None = None

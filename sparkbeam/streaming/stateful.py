@@ -20,6 +20,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from sparkbeam.control.embedded import WORKERS
 from sparkbeam.execute.stage_task import OutRow, TaskSpec, _StageDriver
+from sparkbeam.metrics import merge_infos
 from sparkbeam.streaming.gbk import to_timestamp
 from sparkbeam.streaming.script import MAX_MICROS, RunnerTime
 
@@ -50,6 +51,7 @@ class KeyStage:
 
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
+        self.infos: list[Any] = []  # monitoring infos of the bundles run since the last take
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime
              ) -> tuple[list[OutRow], bytes | None, bool]:
@@ -69,10 +71,17 @@ class KeyStage:
             except BaseException:
                 worker.state.swap_user_state(previous)
                 raise
+            finally:
+                self.infos.extend(driver.infos)
         timers = {f: dict(p) for f, p in driver._timers.items() if p}
         if not timers and not state["state"] and not state["ordered"]:
             return out, None, False
         return out, pickle.dumps({**state, "timers": timers}, protocol=5), bool(timers)
+
+    def take_infos(self) -> list[Any]:
+        """The monitoring infos of every key run since the last call, merged."""
+        infos, self.infos = merge_infos(self.infos), []
+        return infos
 
     def _fire(self, driver: _StageDriver, watermark: int, processing: int,
               out: list[OutRow]) -> None:

@@ -99,6 +99,27 @@ def flatten_with_create_and_two_groupings(p):
     return sums | "Regroup" >> beam.GroupByKey() | beam.ParDo(Describe())
 
 
+def _with_sums(kv, sums):
+    from apache_beam.metrics import Metrics
+
+    Metrics.counter("stream", "with_sums").inc()
+    return kv[0], [f"v{kv[1]}", *(f"{k}={n}" for k, n in sorted(sums.items()))]
+
+
+def side_input_from_grouping(p):
+    """Each element sees its window's per-key sums (a GroupByKey's panes) as a side input: it
+    waits until the side input's watermark passes the window's end; a GroupByKey after it
+    must not fire a window before the elements waiting for it arrive."""
+    stream = (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5), ("add", [("a", 3, 7)]),
+                         ("wm", 12), ("add", [("b", 4, 13)]), ("wm", 18), ("add", [("a", 5, 25)]))
+              | beam.WindowInto(window.FixedWindows(10)))
+    sums = stream | "Sums" >> beam.CombinePerKey(sum)
+    return (stream
+            | "WithSums" >> beam.Map(_with_sums, sums=beam.pvalue.AsDict(sums))
+            | beam.MapTuple(lambda k, v: (k, ",".join(v))) | "Regroup" >> beam.GroupByKey()
+            | beam.ParDo(Describe()))
+
+
 class BufferWithTimers(beam.DoFn):
     """Bag state, an event-time timer at the end of each element's 10 s window (last set
     wins) and a processing-time timer at processing time 7 s, once per key."""
@@ -141,6 +162,7 @@ STREAMING_PIPELINES: dict[str, Callable] = {
     "processing_time_trigger": processing_time_trigger,
     "sessions": sessions,
     "flatten_with_create_and_two_groupings": flatten_with_create_and_two_groupings,
+    "side_input_from_grouping": side_input_from_grouping,
 }
 
 

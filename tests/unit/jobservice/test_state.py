@@ -11,9 +11,10 @@ from sparkbeam.jobservice import state as st
 pytestmark = pytest.mark.timeout(60)
 
 
-def drive(*events: st.Event) -> tuple[st.JobStateMachine, list[st.Instruction]]:
+def drive(*events: st.Event, streaming: bool = False
+          ) -> tuple[st.JobStateMachine, list[st.Instruction]]:
     """Feeds events to a fresh machine, checking its invariants after each one."""
-    machine = st.JobStateMachine("job-001")
+    machine = st.JobStateMachine("job-001", streaming=streaming)
     out: list[st.Instruction] = []
     for event in events:
         out += machine.handle(event)
@@ -122,6 +123,30 @@ def test_drain_of_a_finished_job_says_so() -> None:
         machine.handle(st.DrainRequested())
 
 
+def test_a_streaming_job_drains_once_and_ends_drained() -> None:
+    machine, out = drive(st.RunRequested(), st.RunStarted(), st.ExecutorReported("RUNNING"),
+                         st.DrainRequested(), st.DrainRequested(),
+                         st.ExecutorReported("RUNNING"),  # sent before the drain arrived
+                         st.RunEnded("DRAINED"), streaming=True)
+    assert out.count(st.DrainRun()) == 1
+    assert names(machine)[-3:] == ["RUNNING", "DRAINING", "DRAINED"]
+
+
+def test_a_drain_while_starting_reaches_the_run_once_it_started() -> None:
+    machine, out = drive(st.RunRequested(), st.DrainRequested(), streaming=True)
+    assert st.DrainRun() not in out and machine.state == st.DRAINING
+    assert machine.handle(st.RunStarted()) == [st.DrainRun()]
+
+
+def test_a_draining_job_can_still_be_cancelled_but_not_drained_before_it_runs() -> None:
+    machine, out = drive(st.RunRequested(), st.RunStarted(), st.DrainRequested(),
+                         st.CancelRequested(), st.RunEnded("CANCELLED"), streaming=True)
+    assert names(machine)[-3:] == ["DRAINING", "CANCELLING", "CANCELLED"]
+    machine, _ = drive(streaming=True)
+    with pytest.raises(JobStateError, match="cannot Drain: it is STOPPED"):
+        machine.handle(st.DrainRequested())
+
+
 def test_start_and_staging_failures_fail_the_job_with_their_text() -> None:
     machine, out = drive(st.RunRequested(), st.StartFailed("no Spark here"))
     assert out[-2:] == [st.Report(st.ERROR, "no Spark here"), st.Publish(st.STARTING, st.FAILED)]
@@ -183,11 +208,11 @@ EVENTS = hs.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(hs.lists(EVENTS, max_size=12))
-def test_any_event_sequence_keeps_the_invariants(events: list[st.Event]) -> None:
-    machine = st.JobStateMachine("job-001")
+@given(hs.lists(EVENTS, max_size=12), hs.booleans())
+def test_any_event_sequence_keeps_the_invariants(events: list[st.Event], streaming: bool) -> None:
+    machine = st.JobStateMachine("job-001", streaming=streaming)
     published: list[st.Publish] = []
-    starts = cancels = 0
+    starts = cancels = drains = 0
     for event in events:
         before = (machine.state, list(machine.history), machine.run_requested,
                   machine.run_started, machine.cancel_requested)
@@ -207,10 +232,13 @@ def test_any_event_sequence_keeps_the_invariants(events: list[st.Event]) -> None
                     assert out[i - 1].importance == st.ERROR  # type: ignore[union-attr]
             starts += isinstance(instruction, st.StartRun)
             cancels += isinstance(instruction, st.CancelRun)
+            drains += isinstance(instruction, st.DrainRun)
             if isinstance(instruction, st.CancelRun):
                 assert machine.run_started and machine.cancel_requested
+            if isinstance(instruction, st.DrainRun):
+                assert machine.run_started and machine.drain_requested and streaming
     # Every transition was published, in order, and nothing after a terminal state.
     assert [p.new for p in published] == machine.history[1:]
     assert [p.old for p in published] == machine.history[:-1]
-    assert starts <= 1 and cancels <= 1
+    assert starts <= 1 and cancels <= 1 and drains <= 1
     assert starts == int(machine.run_requested)
