@@ -26,6 +26,7 @@ from sparkbeam.control.progress import ProgressTracker, unreported
 from sparkbeam.control.rebalance_channel import RebalanceServer, shared_rebalancer
 from sparkbeam.errors import (
     JobCancelledError,
+    JobStateError,
     SparkBeamError,
     Unsupported,
     UnsupportedFeatureError,
@@ -96,6 +97,7 @@ class SparkJob:
         self.state = PipelineState.STOPPED
         self.error: BaseException | None = None
         self.cancelled = threading.Event()
+        self.drained = threading.Event()
         self._done = threading.Event()
         self._on_message = on_message or (lambda m: None)
         self._on_state = on_state or (lambda s: None)
@@ -192,9 +194,10 @@ class SparkJob:
         self._set_state(PipelineState.RUNNING)
         started = time.time()
         run_streaming(spark, self.plan, self.options, self.job_id, self._collector,
-                      self.cancelled, self._log, on_progress=self._keep_batches)
+                      self.cancelled, self._log, on_progress=self._keep_batches,
+                      drain=self.drained)
         self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
-        self._set_state(PipelineState.DONE)
+        self._set_state(PipelineState.DRAINED if self.drained.is_set() else PipelineState.DONE)
 
     def _keep_batches(self, progress: list[dict[str, Any]]) -> None:
         self.streaming_batches = progress
@@ -223,6 +226,16 @@ class SparkJob:
             self._datasets.cancel(self.job_id)
         if not self._thread.is_alive() and self.state not in TERMINAL:
             self._set_state(PipelineState.CANCELLED)
+
+    def drain(self) -> None:
+        """Streaming jobs: stop reading input, fire what the watermark then allows (it goes to
+        its end), end in DRAINED. Returns at once."""
+        if not self.options.view_as(pipeline_options.StandardOptions).streaming:
+            raise JobStateError(f"{self.job_id} cannot drain: it is a batch job; use cancel")
+        if self.state in TERMINAL:
+            return
+        self.drained.set()
+        self._set_state(PipelineState.DRAINING)
 
     def metrics(self) -> SparkMetrics:
         """Committed: the metric rows of successful attempts. Attempted: those plus the live
@@ -360,6 +373,11 @@ class SparkPipelineResult(PipelineResult):
     def cancel(self) -> str:
         self._job.cancel()
         self._job.wait(60)
+        return self._job.state
+
+    def drain(self) -> str:
+        """Drains a streaming job (see `SparkJob.drain`); returns its state at once (DRAINING)."""
+        self._job.drain()
         return self._job.state
 
     def metrics(self) -> SparkMetrics:

@@ -2,12 +2,15 @@
 
 `latestOffset` plans the next micro-batch from the script (`script.py`): each endpoint's next
 items, and the runner's watermark and processing time before and after them, all in the offset
-Spark logs. Every call returns a new offset (its `tick` grows), so batches keep coming while the
-query runs: keys holding Beam timers are woken each batch even when no data arrives.
+Spark logs. Once the job's drain marker exists, offsets stop advancing and carry the final
+watermark (`script.offset_for`). Every call returns a new offset (its `tick` grows), so batches
+keep coming while the query runs: keys holding Beam timers are woken each batch even when no
+data arrives.
 """
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 import time
 from collections.abc import Iterator
@@ -33,15 +36,18 @@ class EndpointItems(InputPartition):  # type: ignore[misc]
 
 
 class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, drain_marker: str = "") -> None:
         self.script = script
+        self.drain_marker = drain_marker  # once this file exists, the job drains
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's name
         return offset_for(self.script, {}, {}, _now_micros(), 0) | {"done": False}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         positions = self.script.next_positions(start.get("pos", {}))
-        return offset_for(self.script, positions, start, _now_micros(), int(start["tick"]) + 1)
+        drained = bool(self.drain_marker) and os.path.exists(self.drain_marker)
+        return offset_for(self.script, positions, start, _now_micros(), int(start["tick"]) + 1,
+                          drained=drained)
 
     def partitions(self, start: dict, end: dict) -> list[EndpointItems]:
         begin = start.get("pos", {})
@@ -72,7 +78,8 @@ class BeamSource(DataSource):  # type: ignore[misc]
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> BeamStreamReader:  # noqa: N802
-        return BeamStreamReader(pickle.loads(base64.b64decode(self.options["script"])))
+        return BeamStreamReader(pickle.loads(base64.b64decode(self.options["script"])),
+                                self.options.get("drain_marker", ""))
 
 
 def encode(script: Script) -> str:

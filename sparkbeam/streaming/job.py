@@ -24,6 +24,7 @@ def run_streaming(
     cancelled: threading.Event,
     log: Callable[[str], None],
     on_progress: Callable[[list[dict[str, Any]]], None] = lambda progress: None,
+    drain: threading.Event | None = None,
 ) -> StreamingQueryRun:
     spark_options = options.view_as(SparkOptions)
     settings = StreamingSettings(
@@ -37,7 +38,7 @@ def run_streaming(
     )
     run = StreamingQueryRun(spark, streaming_plan(plan), settings, log)
     try:
-        run.run(cancelled)
+        run.run(cancelled, drain)
     finally:
         on_progress(run.progress)
     return run

@@ -2,9 +2,10 @@
 
 Roots -> one `sparkbeam_beam` source; stateless stages -> `mapInArrow` with the batch stage
 task; GroupByKeys -> `transformWithState` (Append, ProcessingTime) feeding their consumers in
-the same micro-batch. The sink runs every leaf stage each batch. The query ends when every
-endpoint is exhausted and a batch at the final watermark (+inf) has run, or when cancelled
-(Drain is not built yet).
+the same micro-batch; stages with side inputs -> `transformWithState` holding main-input elements
+until their side inputs are ready (`sides.py`). The sink runs every leaf stage each batch. The
+query ends when every endpoint is exhausted (or the job is drained) and the batches after the one
+at the final watermark (+inf) have run, or when cancelled.
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
                       settings: StreamingSettings) -> DataFrame:
     """The DataFrame every micro-batch computes: the union of the leaf stages' outputs."""
     spark.dataSource.register(BeamSource)
-    source = spark.readStream.format("sparkbeam_beam").option(
-        "script", encode(splan.script)).load()
+    source = (spark.readStream.format("sparkbeam_beam")
+              .option("script", encode(splan.script))
+              .option("drain_marker", drain_marker(settings.checkpoint_dir)).load())
     plan = splan.plan
     producers: dict[int, list[DataFrame]] = {}
     root_tags = {row[0] for e in splan.script.endpoints for item in e.items for row in item.rows}
@@ -116,6 +118,11 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     if not leaves:
         return source
     return _union(leaves)
+
+
+def drain_marker(checkpoint: str) -> str:
+    """The file whose existence drains the job (the source reads it when planning a batch)."""
+    return os.path.join(checkpoint, "drain")
 
 
 def _spec(stage: Stage, splan: StreamingPlan, settings: StreamingSettings) -> TaskSpec:
@@ -180,7 +187,7 @@ class StreamingQueryRun:
         ):
             self._finished.set()
 
-    def run(self, cancelled: threading.Event) -> None:
+    def run(self, cancelled: threading.Event, drain: threading.Event | None = None) -> None:
         self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
         frame = build_query_frame(self.spark, self.splan, self.settings)
         writer = (
@@ -202,9 +209,16 @@ class StreamingQueryRun:
         self.log(f"{self.settings.job_id}: streaming query started "
                  f"(checkpoint {self.settings.checkpoint_dir})")
         try:
+            marked = False
             while not self._finished.wait(0.2):
                 if cancelled.is_set():
                     raise JobCancelledError(f"{self.settings.job_id} was cancelled")
+                if drain is not None and drain.is_set() and not marked:
+                    with open(drain_marker(self.settings.checkpoint_dir), "w") as f:
+                        f.write(self.settings.job_id)
+                    marked = True
+                    self.log(f"{self.settings.job_id}: draining (no more input; the watermark "
+                             "goes to its end)")
                 exc = self.query.exception()
                 if exc is not None:
                     raise stage_error(None, exc)

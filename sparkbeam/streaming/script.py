@@ -106,23 +106,33 @@ class RunnerTime:
 
 
 def offset_for(
-    script: Script, positions: dict[str, int], previous: dict, wall_clock_micros: int, tick: int
+    script: Script, positions: dict[str, int], previous: dict, wall_clock_micros: int, tick: int,
+    drained: bool = False,
 ) -> dict:
-    """The end offset of a micro-batch (JSON-able; Spark logs it, replays use the log)."""
+    """The end offset of a micro-batch (JSON-able; Spark logs it, replays use the log).
+
+    A drained job reads nothing more: its positions stay where the last batch left them and
+    its watermark is final, so every window and event-time timer fires and the job ends."""
+    drained = drained or bool(previous.get("drained"))
+    if drained:
+        positions = {k: int(v) for k, v in previous.get("pos", {}).items()}
     if script.test_clock:
         processing = script.processing_advance(positions)
     else:
         processing = max(wall_clock_micros, int(previous.get("pt", MIN_MICROS)))
-    wm = script.watermark(positions)
-    return {
+    wm = MAX_MICROS if drained else script.watermark(positions)
+    offset = {
         "pos": dict(sorted(positions.items())),
         "wm0": int(previous.get("wm", MIN_MICROS)),
         "wm": wm,
         "pt0": int(previous.get("pt", processing)),
         "pt": processing,
         "tick": tick,
-        "done": script.exhausted(positions) and wm >= MAX_MICROS,
+        "done": drained or (script.exhausted(positions) and wm >= MAX_MICROS),
     }
+    if drained:
+        offset["drained"] = True
+    return offset
 
 
 def runner_time(offset: dict) -> RunnerTime:

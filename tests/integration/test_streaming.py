@@ -20,6 +20,8 @@ from sparkbeam import SparkRunner
 from sparkbeam.errors import UnsupportedFeatureError, UserCodeError
 from tests.integration.streaming_pipelines import (
     STREAMING_PIPELINES,
+    BufferWithTimers,
+    Describe,
     WriteLines,
     events,
     read_lines,
@@ -159,6 +161,38 @@ def test_cancel_stops_a_running_streaming_job(tmp_path) -> None:
     assert result.state == PipelineState.CANCELLED
     assert time.time() - started < 30
     assert len(list(offsets.iterdir())) < 150  # it did not run to the end
+
+
+def test_drain_stops_reading_and_fires_what_was_read(tmp_path) -> None:
+    """Drain: no more input, the watermark goes to its end, so the window's only pane fires
+    with exactly the elements read so far (a prefix of the stream), and a stateful
+    DoFn's end-of-window timer fires for them too."""
+    script = [("add", [("k", i, i)]) for i in range(200)]  # ~200 micro-batches: minutes
+    directory = tempfile.mkdtemp(prefix="sparkbeam-stream-out-")
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=1"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    read = p | events(*script)
+    _ = (read | beam.WindowInto(window.FixedWindows(1000)) | beam.GroupByKey()
+         | beam.ParDo(Describe())
+         | "WritePanes" >> beam.ParDo(WriteLines(directory)))
+    _ = read | beam.ParDo(BufferWithTimers()) | "WriteFired" >> beam.ParDo(WriteLines(directory))
+    result = p.run()
+    offsets = tmp_path / "ckpt" / "offsets"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (offsets / "4").exists():
+        time.sleep(0.2)
+    assert (offsets / "4").exists(), "the query never got going"
+    assert result.drain() == PipelineState.DRAINING
+    assert result.wait_until_finish(60_000) == PipelineState.DRAINED
+    lines = read_lines(directory)
+    panes = [eval(line) for line in lines if line.startswith("('k', [")]  # noqa: S307 - ours
+    assert len(panes) == 1, lines
+    key, values, where, _, timing, first, _, _ = panes[0]
+    assert (key, where, timing, first) == ("k", "[0.0,1000.0)", 1, True)  # the ON_TIME pane
+    assert 4 <= len(values) < 150 and values == list(range(len(values)))  # a prefix, once
+    fired = [eval(line) for line in lines if line.startswith("('k', 'et'")]  # noqa: S307
+    assert [f[3] for f in fired] == [values], lines
 
 
 def test_a_test_stream_larger_than_spark_broadcasts_commands(tmp_path) -> None:

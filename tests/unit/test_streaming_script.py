@@ -166,3 +166,18 @@ def test_watermark_and_processing_time_never_decrease(
         if off["done"]:
             assert s.exhausted(positions) and off["wm"] == MAX_MICROS
         previous = off
+
+
+def test_a_drained_offset_reads_nothing_more_and_ends_at_the_final_watermark() -> None:
+    script = Script((Endpoint("ts", tuple(Item(rows=(row(i),), watermark=i) for i in range(9))),))
+    first = offset_for(script, {"ts": 1}, {}, 0, 1)
+    second = offset_for(script, script.next_positions(first["pos"]), first, 0, 2)
+    assert (second["pos"], second["wm"], second["done"]) == ({"ts": 2}, 1, False)
+    drained = offset_for(script, script.next_positions(second["pos"]), second, 0, 3, drained=True)
+    assert drained["pos"] == {"ts": 2}  # what was planned for this batch is not read
+    assert (drained["wm0"], drained["wm"], drained["done"], drained["drained"]) == (
+        1, MAX_MICROS, True, True)
+    # Once drained, always drained: a later offset (or a replay) never reads again.
+    after = offset_for(script, script.next_positions(drained["pos"]), drained, 0, 4)
+    assert (after["pos"], after["wm"], after["done"]) == ({"ts": 2}, MAX_MICROS, True)
+    assert runner_time(after).done

@@ -24,16 +24,21 @@ pb = beam_job_api_pb2
 S = pb.JobState
 
 
-def prepare(stub, *labels: str, deps: tuple[str, ...] = ()) -> pb.PrepareJobResponse:
+def prepare(stub, *labels: str, deps: tuple[str, ...] = (), streaming: bool = False
+            ) -> pb.PrepareJobResponse:
+    options = struct_pb2.Struct()
+    if streaming:
+        options.update({"beam:option:streaming:v1": True})
     return stub.Prepare(
         pb.PrepareJobRequest(job_name="raw", pipeline=pipeline_proto(*labels, deps=deps),
-                             pipeline_options=struct_pb2.Struct()),
+                             pipeline_options=options),
         timeout=RPC_TIMEOUT,
     )
 
 
-def run(stub, *labels: str) -> str:
-    return stub.Run(pb.RunJobRequest(preparation_id=prepare(stub, *labels).preparation_id),
+def run(stub, *labels: str, streaming: bool = False) -> str:
+    prepared = prepare(stub, *labels, streaming=streaming)
+    return stub.Run(pb.RunJobRequest(preparation_id=prepared.preparation_id),
                     timeout=RPC_TIMEOUT).job_id
 
 
@@ -132,6 +137,15 @@ def test_cancel_a_running_job(stub, executor) -> None:
     assert reply.state in (S.CANCELLING, S.CANCELLED)
     assert state_stream(stub, job_id)[-2:] == [S.CANCELLING, S.CANCELLED]
     assert executor.handles[job_id].cancel_calls == 1
+
+
+def test_drain_of_a_streaming_job_ends_it_drained(stub, executor) -> None:
+    job_id = run(stub, "Block", streaming=True)
+    wait_for(lambda: state(stub, job_id) == S.RUNNING)
+    reply = stub.Drain(pb.DrainJobRequest(job_id=job_id), timeout=RPC_TIMEOUT)
+    assert reply.state in (S.DRAINING, S.DRAINED)
+    assert state_stream(stub, job_id)[-3:] == [S.RUNNING, S.DRAINING, S.DRAINED]
+    assert executor.handles[job_id].drain_calls == 1
 
 
 def test_drain_is_refused_for_batch_jobs(stub) -> None:

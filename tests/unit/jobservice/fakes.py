@@ -87,6 +87,7 @@ class FakeHandle:
         self.state = "STARTING"
         self.error: BaseException | None = None
         self.cancel_calls = 0
+        self.drain_calls = 0
         self.release = threading.Event()
         self.artifacts: dict = {}
         self._names = names
@@ -109,6 +110,13 @@ class FakeHandle:
 
     def cancel(self) -> None:
         self.cancel_calls += 1
+        self._cancelled.set()
+
+    def drain(self) -> None:
+        """As a streaming run drains: it says DRAINING, stops, and ends DRAINED."""
+        self.drain_calls += 1
+        self._set("DRAINING")
+        self._drained = True
         self._cancelled.set()
 
     def metrics(self) -> FakeMetrics:
@@ -137,7 +145,7 @@ class FakeHandle:
                     if self._cancelled.wait(0.01):
                         break
             if self._cancelled.is_set():
-                self._set("CANCELLED")
+                self._set("DRAINED" if getattr(self, "_drained", False) else "CANCELLED")
             elif "Fail" in self._names:
                 self.error = UserCodeError(
                     stage="stage-001", transform="Fail", exc_type="ValueError",
