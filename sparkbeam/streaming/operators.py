@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
@@ -39,6 +40,7 @@ from sparkbeam.streaming.sides import (
     write_hold,
     write_side_file,
 )
+from sparkbeam.streaming.splittable import SplittableKey
 from sparkbeam.streaming.stateful import KeyStage, rows_by_input
 
 ROW_SCHEMA = "tag int, key binary, value binary"
@@ -53,8 +55,6 @@ class StageTask:
     output_tags: tuple[int, ...]  # stage output index -> buffer tag
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
         tc = TaskContext.get()
         batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or 0) if tc else 0
         attempt = (batch_id, tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
@@ -164,9 +164,9 @@ class GroupByKeyProcessor(_KeyedProcessor):
         return out, dump_state(state), has_timers(state)
 
 
-class StatefulStageProcessor(_KeyedProcessor):
-    """A stage with a stateful DoFn: the key's elements and due timers through the SDK's bundle
-    processor, its user state and timers in the blob (`stateful.py`)."""
+class _PerKeyStageProcessor(_KeyedProcessor):
+    """A stage run key by key: one metrics report per task (micro-batch, partition) with the
+    infos of all its keys."""
 
     def __init__(self, task: StageTask, checkpoint: str, holds: tuple[str, ...] = ()) -> None:
         super().__init__(task.spec.pickle_library, checkpoint, holds)
@@ -174,21 +174,32 @@ class StatefulStageProcessor(_KeyedProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
-        self.key_stage = KeyStage(self.task.spec)
         self.failed = False
 
+    def _take_infos(self) -> list[Any]:
+        raise NotImplementedError
+
     def close(self) -> None:
-        # One metrics report per task (micro-batch, partition): the infos of all its keys.
-        infos = self.key_stage.take_infos()
+        infos = self._take_infos()
         spec = self.task.spec
         if self.batch < 0 or not infos or not spec.metrics_address:
             return
-        from pyspark import TaskContext
-
         tc = TaskContext.get()
         partition, attempt = (tc.partitionId(), tc.attemptNumber()) if tc else (0, 0)
         key = AttemptKey(spec.job_id, spec.stage.label, self.batch, partition, attempt)
         MetricsReporter(spec.metrics_address, key).report(infos, final=True, ok=not self.failed)
+
+
+class StatefulStageProcessor(_PerKeyStageProcessor):
+    """A stage with a stateful DoFn: the key's elements and due timers through the SDK's bundle
+    processor, its user state and timers in the blob (`stateful.py`)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        super().init(handle)
+        self.key_stage = KeyStage(self.task.spec)
+
+    def _take_infos(self) -> list[Any]:
+        return self.key_stage.take_infos()
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, bool]:
@@ -211,8 +222,6 @@ class SideWriter:
     directory: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
         tc = TaskContext.get()
         assert tc is not None, "side-input buffers are written by Spark tasks"
         batch = int(tc.getLocalProperty("streaming.sql.batchId") or 0)
@@ -249,8 +258,6 @@ class SideInputStageProcessor(_KeyedProcessor):
     def close(self) -> None:
         if self.batch < 0:
             return
-        from pyspark import TaskContext
-
         tc = TaskContext.get()
         write_hold(hold_path(self.checkpoint, self.task.spec.stage.label), self.batch,
                    tc.partitionId() if tc else 0, self.hold)
@@ -264,8 +271,6 @@ class SideInputStageProcessor(_KeyedProcessor):
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, bool]:
-        from pyspark import TaskContext
-
         held: list[tuple[int, bytes]] = pickle.loads(blob) if blob else []
         held.extend((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         ready, waiting, hold = self.readiness.split(
@@ -282,3 +287,37 @@ class SideInputStageProcessor(_KeyedProcessor):
         if not waiting:
             return out, None, False
         return out, pickle.dumps(waiting, protocol=5), True
+
+
+class SplittableStageProcessor(_PerKeyStageProcessor):
+    """A splittable DoFn stage (e.g. PeriodicImpulse's): each spread key's restrictions run as
+    far as they can every micro-batch, their residuals wait in the blob (`splittable.py`), and
+    the earliest watermark they report is this stage's hold for the stages downstream."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        super().init(handle)
+        self.key_stage = SplittableKey(self.task.spec)
+        self.hold = MAX_MICROS
+
+    def _take_infos(self) -> list[Any]:
+        return self.key_stage.take_infos()
+
+    def close(self) -> None:
+        super().close()
+        if self.batch >= 0:
+            tc = TaskContext.get()
+            write_hold(hold_path(self.checkpoint, self.task.spec.stage.label), self.batch,
+                       tc.partitionId() if tc else 0, self.hold)
+
+    def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
+                 ) -> tuple[list[Row], bytes | None, bool]:
+        inputs = rows_by_input((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
+        try:
+            out, blob, hold = self.key_stage.step(blob, inputs, time, time.drained)
+        except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
+            self.failed = True
+            raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None
+        self.hold = min(self.hold, hold)
+        rows_out = [Row(tag=self.task.output_tags[index], key=k, value=v)
+                    for index, k, v in out]
+        return rows_out, blob, blob is not None

@@ -30,11 +30,13 @@ from sparkbeam.streaming.operators import (
     GroupByKeyProcessor,
     SideInputStageProcessor,
     SideWriter,
+    SplittableStageProcessor,
     StageTask,
     StatefulStageProcessor,
 )
 from sparkbeam.streaming.plan import StreamingPlan
-from sparkbeam.streaming.sides import side_path
+from sparkbeam.streaming.script import MAX_MICROS
+from sparkbeam.streaming.sides import HoldStore, side_path
 
 _LOG = logging.getLogger(__name__)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -90,12 +92,19 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             input_tags={splan.tag(i.buffer_id): n for n, i in enumerate(stage.inputs)},
             output_tags=tuple(splan.tag(o.buffer_id) for o in stage.outputs),
         )
+        spread = F.pmod(F.xxhash64("value"), F.lit(settings.partitions or 2))
         if stage.side_inputs:
             # Main-input elements wait for their side inputs in the state of a spread key.
-            spread = F.pmod(F.xxhash64("value"), F.lit(settings.partitions or 2))
             out = _union(inputs).withColumn("key", spread.cast("string").cast("binary")).groupBy(
                 "key").transformWithState(
                 SideInputStageProcessor(task, splan.sides[stage.label], settings.checkpoint_dir),
+                ROW_SCHEMA, "Append", "ProcessingTime")
+        elif stage.splittable:
+            # Restrictions and their residuals live in the state of a spread key.
+            out = _union(inputs).withColumn("key", spread.cast("string").cast("binary")).groupBy(
+                "key").transformWithState(
+                SplittableStageProcessor(task, settings.checkpoint_dir,
+                                         splan.holds_of([i.buffer_id for i in stage.inputs])),
                 ROW_SCHEMA, "Append", "ProcessingTime")
         elif stage.stateful:
             # User state and timers: the stage runs per key in transformWithState.
@@ -172,6 +181,7 @@ class StreamingQueryRun:
         self.batches = 0
         self._final_batch: int | None = None
         self._finished = threading.Event()
+        self._holds = HoldStore(settings.checkpoint_dir)
         self.query: Any = None
         self.progress: list[dict[str, Any]] = []  # per micro-batch: rows and durations
 
@@ -180,7 +190,10 @@ class StreamingQueryRun:
         self.batches = batch_id + 1
         entry = read_offset_entry(
             os.path.join(self.settings.checkpoint_dir, "offsets", str(batch_id)))
-        if entry is not None and entry[1].get("done") and self._final_batch is None:
+        if entry is not None and entry[1].get("done") and self._final_batch is None and (
+            self._holds.hold(self.splan.holding, batch_id) >= MAX_MICROS
+        ):
+            # Inputs exhausted (or drained) and no stage holds work back.
             self._final_batch = batch_id
         if self._final_batch is not None and batch_id >= (
             self._final_batch + self.settings.extra_batches

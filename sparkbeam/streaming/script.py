@@ -103,6 +103,7 @@ class RunnerTime:
     processing_before: int
     processing: int
     done: bool = False  # every endpoint is exhausted and the watermark is final
+    drained: bool = False  # the job was drained: restrictions are truncated
 
 
 def offset_for(
@@ -142,4 +143,5 @@ def runner_time(offset: dict) -> RunnerTime:
         processing_before=int(offset["pt0"]),
         processing=int(offset["pt"]),
         done=bool(offset.get("done", False)),
+        drained=bool(offset.get("drained", False)),
     )

@@ -46,14 +46,20 @@ class StreamingSide:
     holds: tuple[str, ...] = ()
 
 
+def holds_back(stage: Stage) -> bool:
+    """Whether the stage keeps work across micro-batches and so holds the watermark of what is
+    downstream: main-input elements waiting for side inputs, or residual restrictions."""
+    return bool(stage.side_inputs) or stage.splittable
+
+
 def upstream_holds(stages: Iterable[Stage]) -> dict[bytes, tuple[str, ...]]:
-    """buffer id -> labels of the side-input stages upstream of it (stages in topological
-    order; a side-input stage's outputs are downstream of itself)."""
+    """buffer id -> labels of the holding stages upstream of it (stages in topological
+    order; a holding stage's outputs are downstream of itself)."""
     found: dict[bytes, set[str]] = {}
     for stage in stages:
         reads = [i.buffer_id for i in stage.inputs] + [s.buffer_id for s in stage.side_inputs]
         labels = set().union(*(found.get(b, set()) for b in reads))
-        if stage.side_inputs:
+        if holds_back(stage):
             labels.add(stage.label)
         for output in stage.outputs:
             found.setdefault(output.buffer_id, set()).update(labels)

@@ -1,6 +1,7 @@
 """Streaming pipelines on Spark give the panes Beam's DirectRunner gives, pane for pane."""
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 import time
@@ -15,6 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.coders import VarIntCoder
 from apache_beam.transforms import userstate
 from apache_beam.transforms import window
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
 from sparkbeam import SparkRunner
 from sparkbeam.errors import UnsupportedFeatureError, UserCodeError
@@ -193,6 +195,37 @@ def test_drain_stops_reading_and_fires_what_was_read(tmp_path) -> None:
     assert 4 <= len(values) < 150 and values == list(range(len(values)))  # a prefix, once
     fired = [eval(line) for line in lines if line.startswith("('k', 'et'")]  # noqa: S307
     assert [f[3] for f in fired] == [values], lines
+
+
+def test_periodic_impulse_runs_until_drained_and_holds_the_watermark(tmp_path) -> None:
+    """An unbounded splittable read: PeriodicImpulse ticks every 0.5 s for an hour. Its
+    residuals wait in state and its watermark estimator's watermark holds the GroupByKey, so
+    each 1 s window fires once, on time, with both of its ticks; drained, the restriction is
+    truncated and the job ends DRAINED."""
+    start = math.floor(time.time())
+    directory = tempfile.mkdtemp(prefix="sparkbeam-stream-out-")
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    _ = (p | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 3600,
+                             fire_interval=0.5)
+         | beam.WindowInto(window.FixedWindows(1)) | beam.Map(lambda t: ("k", float(t) - start))
+         | beam.GroupByKey() | beam.ParDo(Describe()) | beam.ParDo(WriteLines(directory)))
+    result = p.run()
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_lines(directory)) < 3:
+        time.sleep(0.2)
+    assert result.drain() == PipelineState.DRAINING
+    assert result.wait_until_finish(60_000) == PipelineState.DRAINED
+    panes = sorted(eval(line) for line in read_lines(directory))  # noqa: S307 - ours
+    assert len(panes) >= 3, panes
+    ticks = [t for pane in panes for t in pane[1]]
+    assert ticks == [i / 2 for i in range(len(ticks))]  # every tick once, none skipped
+    for _, values, where, _, timing, first, _, _ in panes[:-1]:  # the last may be cut short
+        second = int(values[0])
+        assert (values, where, timing, first) == (
+            [second, second + 0.5], f"[{float(start + second)},{float(start + second + 1)})",
+            1, True)
 
 
 def test_a_test_stream_larger_than_spark_broadcasts_commands(tmp_path) -> None:
