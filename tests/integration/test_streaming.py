@@ -16,6 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.coders import VarIntCoder
 from apache_beam.transforms import userstate
 from apache_beam.transforms import window
+from apache_beam.io.unbounded_source import ReadFromUnboundedSource, UnboundedCountingSource
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
 from sparkbeam import SparkRunner
@@ -226,6 +227,32 @@ def test_periodic_impulse_runs_until_drained_and_holds_the_watermark(tmp_path) -
         assert (values, where, timing, first) == (
             [second, second + 0.5], f"[{float(start + second)},{float(start + second + 1)})",
             1, True)
+
+
+def test_unbounded_source_read_in_checkpointed_bundles_ends_at_its_end(tmp_path) -> None:
+    """An UnboundedSource (Beam's counting source: 0..49 at event times base + i) read 10
+    records per bundle: each bundle self-checkpoints, its residual resumes the next
+    micro-batch, the reader's watermark holds the GroupByKey, and the job ends by itself at
+    the source's end, every window fired once, on time, with all its elements."""
+    base = 1729987200  # the counting source's event-time base (a multiple of 10 s)
+
+    def build(p):
+        return (p | ReadFromUnboundedSource(UnboundedCountingSource(50),
+                                            max_records_per_bundle=10)
+                | beam.WindowInto(window.FixedWindows(10)) | beam.Map(lambda i: (i % 2, i))
+                | beam.GroupByKey() | beam.ParDo(Describe()))
+
+    lines = run_streaming(build, SparkRunner(),
+                          [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--parallelism=2"])
+    panes = sorted(eval(line) for line in lines)  # noqa: S307 - ours
+    expected = sorted(
+        (parity, [i for i in range(10 * w, 10 * w + 10) if i % 2 == parity],
+         f"[{float(base + 10 * w)},{float(base + 10 * w + 10)})", 1, True)
+        for w in range(5) for parity in (0, 1)
+    )
+    assert [(k, v, where, timing, first) for k, v, where, _, timing, first, _, _ in panes] == (
+        expected)
+    assert len(list((tmp_path / "ckpt" / "offsets").iterdir())) >= 5  # read over 5+ batches
 
 
 def test_a_test_stream_larger_than_spark_broadcasts_commands(tmp_path) -> None:
