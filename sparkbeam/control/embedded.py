@@ -262,11 +262,16 @@ class WorkerCache:
         self.created = 0  # descriptors parsed and set up in this process
 
     @contextlib.contextmanager
-    def lease(self, descriptor_bytes: bytes) -> Iterator[EmbeddedWorker]:
+    def lease(self, descriptor_bytes: bytes, fresh: bool = False) -> Iterator[EmbeddedWorker]:
+        """An idle worker for the descriptor, or a new one; `fresh`: always a new one, torn
+        down after use (its DoFns have read side inputs that change, e.g. in streaming: Beam's
+        DoFn runner keeps global-window side input values for its lifetime)."""
         digest = hashlib.sha1(descriptor_bytes).hexdigest()
-        with self._lock:
-            idle = self._idle.get(digest)
-            worker = idle.pop() if idle else None
+        worker = None
+        if not fresh:
+            with self._lock:
+                idle = self._idle.get(digest)
+                worker = idle.pop() if idle else None
         if worker is None:
             worker = EmbeddedWorker(
                 beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor_bytes)
@@ -277,7 +282,7 @@ class WorkerCache:
             yield worker
             ok = True
         finally:
-            if ok:
+            if ok and not fresh:
                 worker.state.drop_user_state()
                 worker.state.bind_side_inputs({})
                 with self._lock:

@@ -73,6 +73,7 @@ def run_stage_task(
     rows: Iterable[Row],
     side_inputs: dict[bytes, list[bytes]],
     attempt: tuple[int, int, int] = (0, 0, 0),
+    fresh_worker: bool = False,
 ) -> Iterator[OutRow]:
     """Runs one partition of `spec.stage`; yields output rows, then metric rows.
 
@@ -85,7 +86,7 @@ def run_stage_task(
     reporter = MetricsReporter(spec.metrics_address, key) if spec.metrics_address else None
     with contextlib.ExitStack() as stack:
         try:
-            worker = stack.enter_context(_lease(spec))
+            worker = stack.enter_context(_lease(spec, fresh_worker))
         except SdkWorkerError as exc:
             raise RuntimeError(error_payload(stage, exc, kind="worker")) from None
         yield from _run_leased(spec, worker, rows, side_inputs, attempt, key, reporter)
@@ -146,7 +147,7 @@ def _splitter(
         return None
 
 
-def _lease(spec: TaskSpec) -> ContextManager[Any]:
+def _lease(spec: TaskSpec, fresh: bool = False) -> ContextManager[Any]:
     """The worker for the stage's environment: the bundle processor embedded in this
     process, or an SDK worker over gRPC for PROCESS and EXTERNAL environments."""
     if spec.stage.environment:
@@ -158,7 +159,7 @@ def _lease(spec: TaskSpec) -> ContextManager[Any]:
                 spec.stage.descriptor, env, spec.pipeline_options or {},
                 spec.worker_connect_timeout_s,
             )
-    return WORKERS.lease(spec.stage.descriptor)
+    return WORKERS.lease(spec.stage.descriptor, fresh=fresh)
 
 
 class _StageDriver:

@@ -254,6 +254,7 @@ class SideInputStageProcessor(_KeyedProcessor):
         self.ctx = ctx
         self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
         self.hold = MAX_MICROS  # earliest element still waiting in this task
+        self._filled: dict[tuple[int, int], set[Any]] = {}
 
     def close(self) -> None:
         if self.batch < 0:
@@ -261,6 +262,17 @@ class SideInputStageProcessor(_KeyedProcessor):
         tc = TaskContext.get()
         write_hold(hold_path(self.checkpoint, self.task.spec.stage.label), self.batch,
                    tc.partitionId() if tc else 0, self.hold)
+
+    def _windows_with_data(self, side: StreamingSide) -> set[Any]:
+        """The windows a (triggered) side input has elements in, as of this batch."""
+        key = (self.batch, side.tag)
+        if key not in self._filled:
+            if any(batch != self.batch for batch, _ in self._filled):
+                self._filled = {}
+            impl = self.ctx.coders[side.use.coder_id].get_impl()
+            self._filled[key] = {w for data in self.store.elements(side.tag, self.batch)
+                                 for w in impl.decode_nested(data).windows}
+        return self._filled[key]
 
     def _side_state(self, batch: int) -> dict[bytes, list[bytes]]:
         if self._state is None or self._state[0] != batch:
@@ -274,14 +286,17 @@ class SideInputStageProcessor(_KeyedProcessor):
         held: list[tuple[int, bytes]] = pickle.loads(blob) if blob else []
         held.extend((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         ready, waiting, hold = self.readiness.split(
-            held, lambda side: self._watermark_at_start(self.batch, side.holds))
+            held, lambda side: self._watermark_at_start(self.batch, side.holds),
+            self._windows_with_data)
         self.hold = min(self.hold, hold)
         out = []
         if ready:
             tc = TaskContext.get()
             attempt = (self.batch, int(key), tc.attemptNumber() if tc else 0)
+            # A new bundle processor each time: Beam's DoFn runner keeps the values of
+            # global-window side inputs for its lifetime, and these change batch by batch.
             outputs = run_stage_task(self.task.spec, ((n, None, v) for n, v in ready),
-                                     self._side_state(self.batch), attempt)
+                                     self._side_state(self.batch), attempt, fresh_worker=True)
             out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                    for index, k, v in outputs if index != METRICS_TAG]
         if not waiting:

@@ -12,6 +12,7 @@ from typing import Any
 
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
+from apache_beam.runners.portability.fn_api_runner import translations
 from apache_beam.testing.test_stream import (
     ElementEvent,
     Event,
@@ -27,7 +28,12 @@ from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.execute import worker_context
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage
-from sparkbeam.streaming.sides import StreamingSide, side_problems, upstream_holds
+from sparkbeam.streaming.sides import (
+    StreamingSide,
+    is_triggered,
+    side_problems,
+    upstream_holds,
+)
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Endpoint, Item, Script
 
 IMPULSE_TAG = 0
@@ -117,9 +123,12 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
     # Splittable reads (e.g. PeriodicImpulse) follow the wall clock; TestStreams their own.
     script = Script(tuple(endpoints), test_clock=not any(s.splittable for s in stages))
     holds = upstream_holds(stages)
+    comps = beam_runner_api_pb2.Components.FromString(plan.components)
     sides = {
-        stage.label: tuple(StreamingSide(use, tags[use.buffer_id], holds.get(use.buffer_id, ()))
-                           for use in stage.side_inputs)
+        stage.label: tuple(
+            StreamingSide(use, tags[use.buffer_id], holds.get(use.buffer_id, ()),
+                          is_triggered(comps, translations.split_buffer_id(use.buffer_id)[1]))
+            for use in stage.side_inputs)
         for stage in stages
         if stage.side_inputs
     }

@@ -44,6 +44,7 @@ class StreamingSide:
     use: SideInputUse
     tag: int
     holds: tuple[str, ...] = ()
+    triggered: bool = False  # its windowing has a trigger of its own: ready at its first pane
 
 
 def holds_back(stage: Stage) -> bool:
@@ -74,6 +75,11 @@ def side_problems(stage: Stage) -> list[Unsupported]:
     if stage.stateful:
         found.append(Unsupported("side inputs of a stateful DoFn in streaming", where,
                                  "not built yet in the streaming engine"))
+    if stage.splittable:
+        found.append(Unsupported(
+            "side inputs read in the stage of a splittable DoFn in streaming", where,
+            "its elements cannot wait for the side input inside the read; put a "
+            "beam.Reshuffle() between the read and the transform that reads the side input"))
     for use in stage.side_inputs:
         spec = side_input_proto(stage, use).window_mapping_fn
         if spec.urn != python_urns.PICKLED_WINDOW_MAPPING_FN:
@@ -153,9 +159,19 @@ class SideStore:
             return out
 
 
+def is_triggered(components: beam_runner_api_pb2.Components, pcoll_id: str) -> bool:
+    """Whether the PCollection's windowing has a trigger other than the default."""
+    pcoll = components.pcollections[pcoll_id]
+    strategy = components.windowing_strategies[pcoll.windowing_strategy_id]
+    return strategy.trigger.WhichOneof("trigger") not in (None, "default")
+
+
 class SideReadiness:
-    """Whether a main-input element may run in a micro-batch: each side input's watermark has
-    reached the end of the side window its windows map to."""
+    """Whether a main-input element may run in a micro-batch: each side input is ready for the
+    side window its windows map to. A side input is ready once its watermark has reached that
+    window's end (Beam's DirectRunner's rule); a triggered side input (e.g. a global window
+    with a repeated trigger: a side input that updates) is ready as soon as it has data for the
+    window, and from then on each batch sees what earlier batches wrote."""
 
     def __init__(self, stage: Stage, sides: tuple[StreamingSide, ...],
                  main_coders: dict[int, Any]) -> None:
@@ -166,17 +182,26 @@ class SideReadiness:
         ]
         self.main_coders = main_coders  # stage input index -> windowed coder impl
 
-    def split(self, elements: list[tuple[int, bytes]], watermark: Callable[[StreamingSide], int]
+    def split(self, elements: list[tuple[int, bytes]], watermark: Callable[[StreamingSide], int],
+              windows_with_data: Callable[[StreamingSide], set[Any]] = lambda side: set(),
               ) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]], int]:
         """(ready, still waiting, earliest waiting timestamp or MAX_MICROS), in arrival order;
-        `watermark(side)` is the side input's watermark in this batch (micros)."""
+        `watermark(side)` is the side input's watermark in this batch (micros) and
+        `windows_with_data(side)` the windows it has elements in (asked of triggered sides)."""
         marks = [watermark(s) for s in self.sides]
+        filled = [windows_with_data(s) if s.triggered else set() for s in self.sides]
+
+        def ready_for(w: Any) -> bool:
+            for mapping, mark, data in zip(self.mappings, marks, filled, strict=True):
+                side_window = mapping(w)
+                if side_window.end.micros > mark and side_window not in data:
+                    return False
+            return True
+
         ready, waiting, hold = [], [], MAX_MICROS
         for n, value in elements:
             wv = self.main_coders[n].decode_nested(value)
-            if all(mapping(w).end.micros <= mark
-                   for mapping, mark in zip(self.mappings, marks, strict=True)
-                   for w in wv.windows):
+            if all(ready_for(w) for w in wv.windows):
                 ready.append((n, value))
             else:
                 waiting.append((n, value))

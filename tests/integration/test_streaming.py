@@ -14,7 +14,7 @@ from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.coders import VarIntCoder
-from apache_beam.transforms import userstate
+from apache_beam.transforms import trigger, userstate
 from apache_beam.transforms import window
 from apache_beam.io.unbounded_source import ReadFromUnboundedSource, UnboundedCountingSource
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
@@ -227,6 +227,44 @@ def test_periodic_impulse_runs_until_drained_and_holds_the_watermark(tmp_path) -
         assert (values, where, timing, first) == (
             [second, second + 0.5], f"[{float(start + second)},{float(start + second + 1)})",
             1, True)
+
+
+def test_updating_side_input_is_seen_from_the_batch_after_it_updates(tmp_path) -> None:
+    """The slowly-updating side input: a PeriodicImpulse in the global window with a repeated
+    trigger, read as a list by another PeriodicImpulse. The main input does not wait for the
+    end of the global window: each tick sees what earlier micro-batches added, never less."""
+    start = math.floor(time.time())
+    directory = tempfile.mkdtemp(prefix="sparkbeam-stream-out-")
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    side = (p | "Side" >> PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 3600,
+                                          fire_interval=0.5)
+            | "Updating" >> beam.WindowInto(
+                window.GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+                accumulation_mode=trigger.AccumulationMode.DISCARDING)
+            | "Since" >> beam.Map(lambda t: float(t) - start))
+    _ = (p | "Main" >> PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 3600,
+                                       fire_interval=1.0)
+         | beam.Reshuffle()  # else Look is fused into the read: reported at Prepare
+         | "Look" >> beam.Map(lambda t, seen: (float(t) - start, len(seen), max(seen)),
+                              seen=beam.pvalue.AsList(side))
+         | beam.ParDo(WriteLines(directory)))
+    result = p.run()
+
+    def sizes_seen() -> set[int]:
+        return {eval(line)[1] for line in read_lines(directory)}  # noqa: S307 - ours
+
+    deadline = time.time() + 120
+    while time.time() < deadline and len(sizes_seen()) < 3:
+        time.sleep(0.2)
+    assert result.drain() == PipelineState.DRAINING
+    assert result.wait_until_finish(60_000) == PipelineState.DRAINED
+    looks = sorted(eval(line) for line in read_lines(directory))  # noqa: S307 - ours
+    assert len({size for _, size, _ in looks}) >= 3, looks
+    sizes = [size for _, size, _ in looks]
+    assert sizes == sorted(sizes) and sizes[0] > 0 and sizes[-1] > sizes[0], looks
+    assert all(size == int(latest * 2) + 1 for _, size, latest in looks), looks  # no gaps
 
 
 def test_unbounded_source_read_in_checkpointed_bundles_ends_at_its_end(tmp_path) -> None:

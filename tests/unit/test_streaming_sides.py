@@ -6,7 +6,8 @@ import dataclasses
 import apache_beam as beam
 from apache_beam import coders, pvalue
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
-from apache_beam.transforms import window
+from apache_beam.runners import pipeline_context
+from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -18,6 +19,7 @@ from sparkbeam.streaming.sides import (
     StreamingSide,
     HoldStore,
     hold_path,
+    is_triggered,
     side_path,
     upstream_holds,
     watermark_at_start,
@@ -86,7 +88,8 @@ def test_rewritten_attempt_replaces_and_empty_attempt_removes(tmp_path) -> None:
     assert SideStore(str(tmp_path)).elements(1, 5) == [b"second"]
 
 
-def _readiness(side: pvalue.AsSideInput) -> tuple[SideReadiness, coders.Coder]:
+def _readiness(side: pvalue.AsSideInput, triggered: bool = False
+               ) -> tuple[SideReadiness, coders.Coder]:
     p = beam.Pipeline()
     main = p | "main" >> beam.Create([1])
     main | "Read" >> beam.Map(lambda x, s: x, side)  # noqa: B023
@@ -103,7 +106,8 @@ def _readiness(side: pvalue.AsSideInput) -> tuple[SideReadiness, coders.Coder]:
     stage = dataclasses.replace(_stage(1, [], []), descriptor=descriptor.SerializeToString(),
                                 side_inputs=(use,))
     coder = coders.WindowedValueCoder(coders.VarIntCoder(), coders.coders.IntervalWindowCoder())
-    readiness = SideReadiness(stage, (StreamingSide(use, 3),), {0: coder.get_impl()})
+    readiness = SideReadiness(stage, (StreamingSide(use, 3, triggered=triggered),),
+                              {0: coder.get_impl()})
     return readiness, coder
 
 
@@ -132,3 +136,31 @@ def test_global_side_waits_for_the_final_watermark() -> None:
     assert readiness.split([element], lambda side: MIN_MICROS) == ([], [element], 0)
     assert readiness.split([element], lambda side: 10**15) == ([], [element], 0)
     assert readiness.split([element], lambda side: MAX_MICROS) == ([element], [], MAX_MICROS)
+
+
+def test_triggered_side_is_ready_at_its_first_pane_for_the_window() -> None:
+    """A side input that updates (global window, repeated trigger) does not wait for the end of
+    the global window: the main input runs as soon as the side input has data."""
+    p = beam.Pipeline()
+    side = beam.pvalue.AsList(p | "side" >> beam.Create([1]))
+    readiness, coder = _readiness(side, triggered=True)
+    element = _element(coder, 0, 1)
+    assert readiness.split([element], lambda side: MIN_MICROS, lambda side: set()) == (
+        [], [element], 0)
+    assert readiness.split([element], lambda side: MIN_MICROS,
+                           lambda side: {window.GlobalWindow()}) == ([element], [], MAX_MICROS)
+    untriggered, _ = _readiness(side)
+    assert untriggered.split([element], lambda side: MIN_MICROS,
+                             lambda side: {window.GlobalWindow()}) == ([], [element], 0)
+
+
+def test_side_windowing_with_its_own_trigger_is_triggered() -> None:
+    p = beam.Pipeline()
+    plain = p | "plain" >> beam.Create([1])
+    updating = plain | beam.WindowInto(
+        window.GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING)
+    context = pipeline_context.PipelineContext()
+    proto = p.to_runner_api(context=context)
+    assert not is_triggered(proto.components, context.pcollections.get_id(plain))
+    assert is_triggered(proto.components, context.pcollections.get_id(updating))
