@@ -81,7 +81,7 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
                  ) -> None:
         self.pickle_library = pickle_library
         self.checkpoint = checkpoint
-        self.holds = holds  # side-input stages upstream: their holds bound the input watermark
+        self.holds = holds  # holding stages upstream (`sides.holds_back`): they bound the watermark
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         from sparkbeam.execute import worker_context
@@ -125,8 +125,8 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         time = self.clock.at(now_ms)
         if not self.holds:
             return time
-        # Downstream of side-input stages, event time runs one batch behind, held back by the
-        # elements still waiting there (`sides.py`).
+        # Downstream of holding stages, event time runs one batch behind, held back by the
+        # elements and restrictions still waiting there (`sides.py`).
         after = self._watermark_at_start(self.batch)
         before = self._watermark_at_start(self.batch - 1) if self.batch > 0 else MIN_MICROS
         return dataclasses.replace(time, watermark_before=min(before, after), watermark=after)
@@ -231,8 +231,8 @@ class SideWriter:
 
 class SideInputStageProcessor(_KeyedProcessor):
     """A stage reading side inputs: its main-input elements wait in the state of a spread key
-    (`SIDE_KEYS` per stage) until the side inputs are ready for their windows, then run as a
-    plain stage with the side inputs written by earlier batches."""
+    (hash of the element modulo --parallelism) until the side inputs are ready for their
+    windows, then run as a plain stage with the side inputs written by earlier batches."""
 
     def __init__(self, task: StageTask, sides: tuple[StreamingSide, ...], checkpoint: str
                  ) -> None:

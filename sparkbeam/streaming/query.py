@@ -3,9 +3,10 @@
 Roots -> one `sparkbeam_beam` source; stateless stages -> `mapInArrow` with the batch stage
 task; GroupByKeys -> `transformWithState` (Append, ProcessingTime) feeding their consumers in
 the same micro-batch; stages with side inputs -> `transformWithState` holding main-input elements
-until their side inputs are ready (`sides.py`). The sink runs every leaf stage each batch. The
-query ends when every endpoint is exhausted (or the job is drained) and the batches after the one
-at the final watermark (+inf) have run, or when cancelled.
+until their side inputs are ready (`sides.py`); splittable stages -> `transformWithState`
+keeping residual restrictions until they may resume (`splittable.py`). The sink runs every leaf
+stage each batch. The query ends when every endpoint is exhausted (or the job is drained) and no
+stage holds work back, and the batches after that have run; or when cancelled.
 """
 from __future__ import annotations
 
