@@ -68,6 +68,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"default: {', '.join(DEFAULT_RUNNERS)}; also: {', '.join(EXTRA_RUNNERS)}",
     )
     parser.add_argument(
+        "--sizes", type=int, default=None,
+        help="run only the first N sizes of each workload's series (e.g. 2: full scale's 1x "
+        "and 10x)",
+    )
+    parser.add_argument(
         "--timeout", type=float, help="seconds per size (default: quick 180, full 1800)"
     )
     parser.add_argument(
@@ -352,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_start = os.getloadavg()[0]
     chosen = [workloads.WORKLOADS[name] for name in args.workloads]
-    plan = [(wl, list(wl.sizes[args.scale])) for wl in chosen]
+    plan = [(wl, list(wl.sizes[args.scale])[: args.sizes]) for wl in chosen]
     total = sum(len(sizes) for _, sizes in plan) * len(args.runners)
     print(
         f"sparkbeam bench: scale={args.scale}, {len(plan)} workloads x {len(args.runners)} "

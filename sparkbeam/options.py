@@ -89,6 +89,20 @@ class SparkOptions(PipelineOptions):
             "the next batch as soon as the previous one ends).",
         )
         add_argument(
+            "--max_items_per_batch",
+            type=int,
+            default=None,
+            help="Streaming: the work budget, most source elements one micro-batch reads, split "
+            "evenly over the sources with work (default: no limit).",
+        )
+        add_argument(
+            "--max_bytes_per_batch",
+            type=int,
+            default=None,
+            help="Streaming: the work budget in encoded bytes per micro-batch (default: no "
+            "limit); a single element larger than its share is read alone.",
+        )
+        add_argument(
             "--spark_app_name",
             default="sparkbeam",
             help="Application name of a SparkSession that sparkbeam creates.",

@@ -70,6 +70,12 @@ def prepare(
     if streaming and not options.view_as(SparkOptions).checkpoint_dir:
         problems.append(Unsupported("streaming without --checkpoint_dir", "the pipeline options",
                                     "a streaming job needs a checkpoint directory"))
+    spark_options = options.view_as(SparkOptions)
+    for flag in ("max_items_per_batch", "max_bytes_per_batch"):
+        value = getattr(spark_options, flag)
+        if value is not None and value < 1:
+            problems.append(Unsupported(f"--{flag}={value}", "the pipeline options",
+                                        "a work budget must be at least 1"))
     if problems:
         raise UnsupportedFeatureError(problems)
     assert plan is not None
@@ -109,6 +115,7 @@ class SparkJob:
         self.split_stats: dict[str, dict[str, int]] = {}
         self.streaming = False
         self.streaming_batches: list[dict[str, Any]] = []  # micro-batches: rows, durations
+        self._streaming_run: Any = None  # the streaming query run, once started
 
     def start(self) -> None:
         self._set_state(PipelineState.STARTING)
@@ -195,9 +202,12 @@ class SparkJob:
         started = time.time()
         run_streaming(spark, self.plan, self.options, self.job_id, self._collector,
                       self.cancelled, self._log, on_progress=self._keep_batches,
-                      drain=self.drained)
+                      drain=self.drained, on_run=self._keep_run)
         self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
         self._set_state(PipelineState.DRAINED if self.drained.is_set() else PipelineState.DONE)
+
+    def _keep_run(self, run: Any) -> None:
+        self._streaming_run = run
 
     def _keep_batches(self, progress: list[dict[str, Any]]) -> None:
         self.streaming_batches = progress
@@ -243,7 +253,8 @@ class SparkJob:
         if self.streaming and self._collector is not None:
             from sparkbeam.streaming.job import streaming_metrics
 
-            return SparkMetrics(*streaming_metrics(self._collector, self.job_id))
+            return SparkMetrics(*streaming_metrics(self._collector, self.job_id,
+                                                   self._streaming_run))
         committed = self.progress.snapshot()
         if self._collector is None:
             return SparkMetrics(committed)
@@ -360,6 +371,12 @@ class SparkPipelineResult(PipelineResult):
     @property
     def state(self) -> str:
         return self._job.state
+
+    @property
+    def streaming_batches(self) -> list[dict[str, Any]]:
+        """A finished streaming job's micro-batches (Spark's progress: batch id, rows read,
+        durations); empty for a batch job."""
+        return list(self._job.streaming_batches)
 
     def wait_until_finish(self, duration: int | None = None) -> str:
         """Waits for the job (at most `duration` milliseconds); raises if it failed."""

@@ -21,9 +21,12 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
+from sparkbeam.streaming.admission import BatchAdmission
+from sparkbeam.streaming.budget import WorkBudget
 from sparkbeam.streaming.script import Script, offset_for
 
 SCHEMA = "tag int, key binary, value binary"
+_UNLIMITED = 1 << 62  # a budget dimension that is not set
 
 
 @dataclass(frozen=True)
@@ -36,18 +39,86 @@ class EndpointItems(InputPartition):  # type: ignore[misc]
 
 
 class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
-    def __init__(self, script: Script, drain_marker: str = "") -> None:
+    def __init__(self, script: Script, drain_marker: str = "",
+                 budget: WorkBudget | None = None) -> None:
         self.script = script
         self.drain_marker = drain_marker  # once this file exists, the job drains
+        self.budget = budget
+        self.admission = BatchAdmission(budget) if budget is not None else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark pickles the reader to run `read` on executors: they need the script only.
+        return {"script": self.script, "drain_marker": self.drain_marker, "budget": self.budget}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["script"], state["drain_marker"], state["budget"])  # type: ignore[misc]
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's name
         return offset_for(self.script, {}, {}, _now_micros(), 0) | {"done": False}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
-        positions = self.script.next_positions(start.get("pos", {}))
+        begin = start.get("pos", {})
+        positions = self.script.next_positions(begin)
+        budgeted = None
+        if self.admission is not None:
+            positions, budgeted = self._budgeted(begin, positions, start.get("throttle", {}))
         drained = bool(self.drain_marker) and os.path.exists(self.drain_marker)
-        return offset_for(self.script, positions, start, _now_micros(), int(start["tick"]) + 1,
-                          drained=drained)
+        offset = offset_for(self.script, positions, start, _now_micros(),
+                            int(start["tick"]) + 1, drained=drained)
+        if budgeted is not None:
+            offset.update(budgeted)
+        return offset
+
+    def _budgeted(self, begin: dict, ends: dict[str, int], throttle: dict[str, int]
+                  ) -> tuple[dict[str, int], dict[str, Any]]:
+        """Cuts each endpoint's next items to what the work budget admits (`admission.py`):
+        a row costs one item and its key and value bytes; an item without rows (a watermark or
+        processing-time event) costs nothing, so it is read as soon as the rows before it are.
+        Returns the positions and what the offset records: the items and bytes admitted, and
+        each endpoint's throttle milliseconds so far."""
+        assert self.admission is not None
+        now = time.monotonic()
+        costs = {
+            name: self.script.endpoint(name).costs(int(begin.get(name, 0)), end)
+            for name, end in ends.items()
+        }
+        wanted = {
+            name: WorkBudget(sum(1 for c in unit_costs if c is not None),
+                             sum(c for c in unit_costs if c is not None))
+            for name, unit_costs in costs.items()
+        }
+        grant = self.admission.grant(wanted, now)
+        positions = {name: int(begin.get(name, 0)) for name in ends}
+        taken: dict[str, WorkBudget] = {}
+        for name, unit_costs in costs.items():
+            granted = grant.budgets.get(name, WorkBudget.zero())
+            items = size = 0
+            for cost in unit_costs:
+                if cost is not None:
+                    if items + 1 > granted.items or size + cost > granted.bytes:
+                        break
+                    items, size = items + 1, size + cost
+                positions[name] += 1
+            taken[name] = WorkBudget(items, size)
+        if not any(t.items for t in taken.values()):
+            # Progress: a row larger than any share is read alone.
+            for name in sorted(costs):
+                first = next((c for c in costs[name][positions[name] - int(begin.get(name, 0)):]
+                              if c is not None), None)
+                if first is not None:
+                    positions[name] += 1
+                    taken[name] = WorkBudget(1, first)
+                    break
+        for name, amount in taken.items():
+            self.admission.taken(name, amount, wanted[name], now)
+        return positions, {
+            "admitted": {"items": sum(t.items for t in taken.values()),
+                         "bytes": sum(t.bytes for t in taken.values())},
+            "throttle": {
+                name: int(throttle.get(name, 0)) + round(grant.throttled.get(name, 0.0) * 1000)
+                for name in sorted(set(throttle) | set(grant.throttled))
+            },
+        }
 
     def partitions(self, start: dict, end: dict) -> list[EndpointItems]:
         begin = start.get("pos", {})
@@ -78,8 +149,14 @@ class BeamSource(DataSource):  # type: ignore[misc]
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> BeamStreamReader:  # noqa: N802
+        items, size = self.options.get("max_items_per_batch"), self.options.get(
+            "max_bytes_per_batch")
+        budget = None
+        if items or size:
+            budget = WorkBudget(int(items) if items else _UNLIMITED,
+                                int(size) if size else _UNLIMITED)
         return BeamStreamReader(pickle.loads(base64.b64decode(self.options["script"])),
-                                self.options.get("drain_marker", ""))
+                                self.options.get("drain_marker", ""), budget)
 
 
 def encode(script: Script) -> str:

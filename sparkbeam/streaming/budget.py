@@ -209,6 +209,13 @@ class BudgetDistributor:
         state.in_flight = state.in_flight + granted
         return granted
 
+    def hold_back(self, endpoint: str, now: float) -> None:
+        """`endpoint` has work the budget did not admit: it is throttled from `now` until its
+        budget is refilled (a micro-batch source cuts admissions below what is available)."""
+        state = self._state(endpoint)
+        if state.throttled_since is None:
+            state.throttled_since = now
+
     def processed(self, endpoint: str, done: WorkBudget, now: float) -> None:
         """`done` work of `endpoint` is finished; refill its budget once in-flight work is at
         half its share or below. Work of an endpoint no longer distributed to is ignored."""
@@ -267,6 +274,16 @@ class BudgetDistributor:
         return self._closed_throttle_seconds + sum(
             self.throttle_seconds(name, now) for name in self._budgets
         )
+
+    def take_throttle_seconds_of(self, endpoint: str, now: float) -> float:
+        """`endpoint`'s throttle seconds up to `now`, then reset to zero (a per-endpoint
+        metric delta)."""
+        seconds = self.throttle_seconds(endpoint, now)
+        state = self._state(endpoint)
+        state.throttled_seconds = 0.0
+        if state.throttled_since is not None:
+            state.throttled_since = now
+        return seconds
 
     def take_throttle_seconds(self, now: float) -> float:
         """Total throttle seconds up to `now`, then reset to zero (for a metric delta)."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from apache_beam.options import pipeline_options
+from apache_beam.metrics import monitoring_infos
 from apache_beam.portability.api import metrics_pb2
 
 from sparkbeam.control.metrics_channel import MetricsCollector
@@ -13,6 +14,9 @@ from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.model import Plan
 from sparkbeam.streaming.plan import streaming_plan
 from sparkbeam.streaming.query import StreamingQueryRun, StreamingSettings
+
+THROTTLE_NAMESPACE = "sparkbeam.streaming"
+THROTTLE_COUNTER = "throttling-msecs"
 
 
 def run_streaming(
@@ -25,6 +29,7 @@ def run_streaming(
     log: Callable[[str], None],
     on_progress: Callable[[list[dict[str, Any]]], None] = lambda progress: None,
     drain: threading.Event | None = None,
+    on_run: Callable[[StreamingQueryRun], None] = lambda run: None,
 ) -> StreamingQueryRun:
     spark_options = options.view_as(SparkOptions)
     settings = StreamingSettings(
@@ -35,8 +40,11 @@ def run_streaming(
         metrics_address=collector.address,
         job_id=job_id,
         partitions=positive_or_none(spark_options.parallelism),
+        max_items_per_batch=spark_options.max_items_per_batch,
+        max_bytes_per_batch=spark_options.max_bytes_per_batch,
     )
     run = StreamingQueryRun(spark, streaming_plan(plan), settings, log)
+    on_run(run)
     try:
         run.run(cancelled, drain)
     finally:
@@ -44,11 +52,27 @@ def run_streaming(
     return run
 
 
+def throttle_infos(run: StreamingQueryRun | None) -> list[metrics_pb2.MonitoringInfo]:
+    """The work budget's throttle time per source transform (the seed's throttle time), as the
+    user counter `sparkbeam.streaming:throttling-msecs`: milliseconds its endpoint had input
+    the budget held back, up to the last planned micro-batch."""
+    if run is None:
+        return []
+    steps = run.splan.steps
+    return [
+        monitoring_infos.int64_user_counter(THROTTLE_NAMESPACE, THROTTLE_COUNTER, ms,
+                                            ptransform=steps.get(endpoint, endpoint))
+        for endpoint, ms in sorted(run.throttle_ms.items())
+        if endpoint in steps or ms  # Impulse roots: reported only if ever held back
+    ]
+
+
 def streaming_metrics(
-    collector: MetricsCollector, job_id: str
+    collector: MetricsCollector, job_id: str, run: StreamingQueryRun | None = None
 ) -> tuple[list[metrics_pb2.MonitoringInfo], list[metrics_pb2.MonitoringInfo]]:
     """(committed, attempted): one successful report per (stage, batch, partition) commits;
-    a stage computed for several consumers in one batch reports the same partition twice."""
+    a stage computed for several consumers in one batch reports the same partition twice.
+    The budget's throttle counters come from the offsets of planned batches (committed)."""
     reports = collector.attempt_reports(job_id)
     committed: dict[tuple[str, int, int], list[metrics_pb2.MonitoringInfo]] = {}
     attempted: list[metrics_pb2.MonitoringInfo] = []
@@ -60,5 +84,5 @@ def streaming_metrics(
         task = (key.stage, key.spark_stage, key.partition)
         if not report.succeeded or committed.get(task) is not report.infos:
             attempted.extend(report.infos)
-    done = [info for infos in committed.values() for info in infos]
+    done = [info for infos in committed.values() for info in infos] + throttle_infos(run)
     return done, done + attempted

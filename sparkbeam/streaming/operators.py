@@ -138,6 +138,15 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
     def close(self) -> None:
         pass
 
+    def _write_hold(self, label: str, hold: int) -> None:
+        """A holding stage's task records its earliest hold for this batch (`sides.py`); the
+        stages downstream read it at the start of the next batch."""
+        if self.batch < 0:
+            return
+        tc = TaskContext.get()
+        write_hold(hold_path(self.checkpoint, label), self.batch, tc.partitionId() if tc else 0,
+                   hold)
+
 
 class GroupByKeyProcessor(_KeyedProcessor):
     """One GroupByKey of a streaming job: rows (tag, key, value) of its input buffer in, panes
@@ -197,21 +206,30 @@ class StatefulStageProcessor(_PerKeyStageProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
         self.key_stage = KeyStage(self.task.spec)
+        self.hold = MAX_MICROS  # earliest output timestamp of the pending timers seen
 
     def _take_infos(self) -> list[Any]:
         return self.key_stage.take_infos()
+
+    def close(self) -> None:
+        super().close()
+        if self.task.spec.stage.timers:
+            # Keys with pending timers are woken every batch, so every such key was seen.
+            self._write_hold(self.task.spec.stage.label, self.hold)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, bool]:
         inputs = rows_by_input((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         try:
-            out, blob, pending = self.key_stage.step(blob, inputs, time)
+            out, blob, hold = self.key_stage.step(blob, inputs, time)
         except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
             self.failed = True
             raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None
+        if hold is not None:
+            self.hold = min(self.hold, hold)
         rows_out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                     for index, k, v in out]
-        return rows_out, blob, pending
+        return rows_out, blob, hold is not None
 
 
 @dataclass(frozen=True)
@@ -257,11 +275,7 @@ class SideInputStageProcessor(_KeyedProcessor):
         self._filled: dict[tuple[int, int], set[Any]] = {}
 
     def close(self) -> None:
-        if self.batch < 0:
-            return
-        tc = TaskContext.get()
-        write_hold(hold_path(self.checkpoint, self.task.spec.stage.label), self.batch,
-                   tc.partitionId() if tc else 0, self.hold)
+        self._write_hold(self.task.spec.stage.label, self.hold)
 
     def _windows_with_data(self, side: StreamingSide) -> set[Any]:
         """The windows a (triggered) side input has elements in, as of this batch."""
@@ -319,10 +333,7 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
 
     def close(self) -> None:
         super().close()
-        if self.batch >= 0:
-            tc = TaskContext.get()
-            write_hold(hold_path(self.checkpoint, self.task.spec.stage.label), self.batch,
-                       tc.partitionId() if tc else 0, self.hold)
+        self._write_hold(self.task.spec.stage.label, self.hold)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, bool]:

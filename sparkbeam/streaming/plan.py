@@ -49,6 +49,7 @@ class StreamingPlan:
     sides: dict[str, tuple[StreamingSide, ...]] = dataclasses.field(default_factory=dict)
     # buffer id -> side-input stages upstream of it (their holds bound its watermark)
     holds: dict[bytes, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    steps: dict[str, str] = dataclasses.field(default_factory=dict)  # endpoint -> its transform
 
     def tag(self, buffer_id: bytes) -> int:
         return self.tags[buffer_id]
@@ -110,11 +111,13 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
             tags.setdefault(buffer_id, len(tags))
     endpoints = []
     stages = []
+    steps = {}
     test_streams = _test_streams(plan)
     for stage in plan.stages:
         transform = test_stream_of(stage, test_streams)
         if transform is not None:
             endpoints.append(_test_stream_endpoint(plan, stage, transform, tags))
+            steps[endpoints[-1].name] = transform.unique_name
         else:
             stages.append(stage)
     if any(i.buffer_id == IMPULSE_BUFFER for s in stages for i in s.inputs):
@@ -132,7 +135,7 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
         for stage in stages
         if stage.side_inputs
     }
-    return StreamingPlan(_without_events(plan), script, tags, tuple(stages), sides, holds)
+    return StreamingPlan(_without_events(plan), script, tags, tuple(stages), sides, holds, steps)
 
 
 def _without_events(plan: Plan) -> Plan:

@@ -53,15 +53,21 @@ class StreamingSettings:
     job_id: str = "job"
     extra_batches: int = 1  # batches run after the one that reached the final watermark
     partitions: int | None = None  # shuffle partitions of the query (keyed stages)
+    max_items_per_batch: int | None = None  # the work budget (`admission.py`)
+    max_bytes_per_batch: int | None = None
 
 
 def build_query_frame(spark: SparkSession, splan: StreamingPlan,
                       settings: StreamingSettings) -> DataFrame:
     """The DataFrame every micro-batch computes: the union of the leaf stages' outputs."""
     spark.dataSource.register(BeamSource)
-    source = (spark.readStream.format("sparkbeam_beam")
+    reader = (spark.readStream.format("sparkbeam_beam")
               .option("script", encode(splan.script))
-              .option("drain_marker", drain_marker(settings.checkpoint_dir)).load())
+              .option("drain_marker", drain_marker(settings.checkpoint_dir)))
+    for name in ("max_items_per_batch", "max_bytes_per_batch"):
+        if getattr(settings, name):
+            reader = reader.option(name, str(getattr(settings, name)))
+    source = reader.load()
     plan = splan.plan
     producers: dict[int, list[DataFrame]] = {}
     root_tags = {row[0] for e in splan.script.endpoints for item in e.items for row in item.rows}
@@ -185,12 +191,17 @@ class StreamingQueryRun:
         self._holds = HoldStore(settings.checkpoint_dir)
         self.query: Any = None
         self.progress: list[dict[str, Any]] = []  # per micro-batch: rows and durations
+        self.throttle_ms: dict[str, int] = {}  # endpoint -> ms held back by the work budget
+        self._admitted: dict[int, dict[str, int]] = {}  # batch -> items, bytes (budgeted)
 
     def _sink(self, frame: DataFrame, batch_id: int) -> None:
         frame.write.format("noop").mode("overwrite").save()
         self.batches = batch_id + 1
         entry = read_offset_entry(
             os.path.join(self.settings.checkpoint_dir, "offsets", str(batch_id)))
+        if entry is not None and "admitted" in entry[1]:
+            self.throttle_ms = dict(entry[1]["throttle"])
+            self._admitted[batch_id] = dict(entry[1]["admitted"])
         if entry is not None and entry[1].get("done") and self._final_batch is None and (
             self._holds.hold(self.splan.holding, batch_id) >= MAX_MICROS
         ):
@@ -244,7 +255,9 @@ class StreamingQueryRun:
             with _suppress():
                 self.progress = [
                     {"batch": p.batchId, "rows": p.numInputRows, "ms": dict(p.durationMs),
-                     "timestamp": p.timestamp}
+                     "timestamp": p.timestamp} | (
+                         {"admitted": self._admitted[p.batchId]}
+                         if p.batchId in self._admitted else {})
                     for p in self.query.recentProgress
                 ]
         self.log(f"{self.settings.job_id}: streaming query finished after {self.batches} "

@@ -14,6 +14,7 @@ its ProcessingTimeEvents; otherwise it is the wall clock when the batch was plan
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
@@ -35,25 +36,80 @@ class Item:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One root of the streaming job: deterministic items, at most `per_batch` per batch."""
+    """One root of the streaming job: deterministic items, at most `per_batch` per batch.
+
+    Positions count *units*: an item with n rows is n units (one per row), an item without rows
+    one unit. A work budget may stop a batch inside an item (`budget.py`); the item's watermark
+    and processing-time advance count only once all its units are read.
+    """
 
     name: str
     items: tuple[Item, ...]
     per_batch: int = 1
     final_watermark: int = MAX_MICROS  # once every item is read
+    ends: tuple[int, ...] = field(default=(), compare=False)  # each item's end unit
 
-    def watermark_after(self, offset: int) -> int:
-        """The endpoint's watermark once items [0, offset) are read."""
-        if offset >= len(self.items):
+    def __post_init__(self) -> None:
+        ends, end = [], 0
+        for item in self.items:
+            end += max(1, len(item.rows))
+            ends.append(end)
+        object.__setattr__(self, "ends", tuple(ends))
+
+    @property
+    def units(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def _read(self, position: int) -> int:
+        """How many items are read completely at `position`."""
+        return bisect.bisect_right(self.ends, position)
+
+    def watermark_after(self, position: int) -> int:
+        """The endpoint's watermark once units [0, position) are read."""
+        if position >= self.units:
             return self.final_watermark
         wm = MIN_MICROS
-        for item in self.items[:offset]:
+        for item in self.items[: self._read(position)]:
             if item.watermark is not None:
                 wm = max(wm, item.watermark)
         return wm
 
-    def advance_until(self, offset: int) -> int:
-        return sum(item.advance for item in self.items[:offset])
+    def advance_until(self, position: int) -> int:
+        return sum(item.advance for item in self.items[: self._read(position)])
+
+    def next_position(self, start: int) -> int:
+        """Where the next batch ends without a budget: `per_batch` more items read (the item
+        being read at `start` counts as one)."""
+        done = self._read(start)
+        return self.ends[min(len(self.items), done + self.per_batch) - 1] if done < len(
+            self.items) else self.units
+
+    def costs(self, start: int, end: int) -> list[int | None]:
+        """The encoded size of every unit in [start, end): a row's key and value bytes, None
+        for an item without rows (it costs no budget)."""
+        out: list[int | None] = []
+        for index in range(self._read(start), len(self.items)):
+            first = self.ends[index] - max(1, len(self.items[index].rows))
+            if first >= end:
+                break
+            rows = self.items[index].rows
+            for unit in range(max(start, first), min(end, self.ends[index])):
+                if rows:
+                    _tag, key, value = rows[unit - first]
+                    out.append(len(key or b"") + len(value))
+                else:
+                    out.append(None)
+        return out
+
+    def rows(self, start: int, end: int) -> list[Row]:
+        out: list[Row] = []
+        for index in range(self._read(start), len(self.items)):
+            rows = self.items[index].rows
+            first = self.ends[index] - max(1, len(rows))
+            if first >= end:
+                break
+            out.extend(rows[max(start, first) - first: min(end, self.ends[index]) - first])
+        return out
 
 
 @dataclass(frozen=True)
@@ -72,10 +128,7 @@ class Script:
 
     def next_positions(self, start: dict[str, int]) -> dict[str, int]:
         """Positions after the next micro-batch: each endpoint's next items, up to its limit."""
-        return {
-            e.name: min(len(e.items), int(start.get(e.name, 0)) + e.per_batch)
-            for e in self.endpoints
-        }
+        return {e.name: e.next_position(int(start.get(e.name, 0))) for e in self.endpoints}
 
     def watermark(self, positions: dict[str, int]) -> int:
         """The job's input watermark at `positions`: the least of its endpoints'."""
@@ -87,11 +140,10 @@ class Script:
         return sum(e.advance_until(int(positions.get(e.name, 0))) for e in self.endpoints)
 
     def exhausted(self, positions: dict[str, int]) -> bool:
-        return all(int(positions.get(e.name, 0)) >= len(e.items) for e in self.endpoints)
+        return all(int(positions.get(e.name, 0)) >= e.units for e in self.endpoints)
 
     def rows(self, name: str, start: int, end: int) -> list[Row]:
-        endpoint = self.endpoint(name)
-        return [row for item in endpoint.items[start:end] for row in item.rows]
+        return self.endpoint(name).rows(start, end)
 
 
 @dataclass(frozen=True)

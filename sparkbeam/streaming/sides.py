@@ -49,8 +49,9 @@ class StreamingSide:
 
 def holds_back(stage: Stage) -> bool:
     """Whether the stage keeps work across micro-batches and so holds the watermark of what is
-    downstream: main-input elements waiting for side inputs, or residual restrictions."""
-    return bool(stage.side_inputs) or stage.splittable
+    downstream: main-input elements waiting for side inputs, residual restrictions, or the
+    output timestamps of pending timers (a stateful DoFn's timers hold its output watermark)."""
+    return bool(stage.side_inputs) or stage.splittable or bool(stage.stateful and stage.timers)
 
 
 def upstream_holds(stages: Iterable[Stage]) -> dict[bytes, tuple[str, ...]]:
@@ -228,7 +229,7 @@ def write_hold(directory: str, batch: int, partition: int, hold: int) -> None:
 
 
 class HoldStore:
-    """The holds side-input stages left at the end of finished micro-batches."""
+    """The holds that holding stages (`holds_back`) left at the end of finished micro-batches."""
 
     def __init__(self, checkpoint: str) -> None:
         self.checkpoint = checkpoint
@@ -261,7 +262,7 @@ class HoldStore:
 
 def watermark_at_start(wm_before: int, holds: tuple[str, ...], store: HoldStore, batch: int
                        ) -> int:
-    """A buffer's watermark at the start of `batch`: the runner's, held back by the side-input
+    """A buffer's watermark at the start of `batch`: the runner's, held back by the holding
     stages upstream of it as they stood at the end of the batch before."""
     if not holds or batch == 0:
         return wm_before

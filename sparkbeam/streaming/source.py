@@ -26,8 +26,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from sparkbeam.streaming.budget import BudgetDistributor, WorkBudget, batch_limit
-from sparkbeam.streaming.endpoints import EndpointSet, EndpointSetTracker
+from sparkbeam.streaming.admission import BatchAdmission
+from sparkbeam.streaming.budget import WorkBudget
+from sparkbeam.streaming.endpoints import EndpointSet
 
 SCHEMA = "endpoint string, offset long, payload binary"
 
@@ -53,23 +54,11 @@ class EndpointRange(InputPartition):  # type: ignore[misc]
     end: int
 
 
-class _Reader:
-    """A survivor keeps its reader across endpoint sets; nothing to release for a backlog."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
 class BudgetedStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def __init__(self, backlog: Backlog, total: WorkBudget) -> None:
         self.backlog = backlog
         self.total = total
-        self.tracker = EndpointSetTracker(_Reader, BudgetDistributor(total),
-                                          close_later=lambda reader: reader.close())
+        self.admission = BatchAdmission(total)
         self.batches = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -87,32 +76,23 @@ class BudgetedStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         now = time.monotonic()
-        # Spark plans a micro-batch only once the previous one ran, though it commits the
-        # previous one to the source afterwards: what was admitted then is processed now.
-        self._drain(now)
-        self.tracker.publish(self.backlog.endpoint_set(self.batches))
-        self.tracker.consume()
+        endpoint_set = self.backlog.endpoint_set(self.batches)
         self.batches += 1
-        current = self.tracker.current
-        if current is None:
-            return dict(start)
-        distributor = self.tracker.distributor
         wanted: dict[str, WorkBudget] = {}
-        for endpoint in sorted(current.endpoints):
-            offset = int(start.get(endpoint, 0))
-            items = self.backlog.available(endpoint, offset)
-            size = self.backlog.item_bytes(endpoint)
-            wanted[endpoint] = WorkBudget(items, items * size).min(
-                distributor.remaining(endpoint))
-        cap = self.total
+        for endpoint in sorted(endpoint_set.endpoints):
+            items = self.backlog.available(endpoint, int(start.get(endpoint, 0)))
+            wanted[endpoint] = WorkBudget(items, items * self.backlog.item_bytes(endpoint))
+        cap = None
         if isinstance(limit, ReadMaxRows):
-            cap = WorkBudget(min(cap.items, limit.max_rows), cap.bytes)
+            cap = WorkBudget(limit.max_rows, self.total.bytes)
+        grant = self.admission.grant(wanted, now, cap, endpoint_set)
         end = dict(start)
-        for endpoint, granted in batch_limit(wanted, cap).items():
+        for endpoint, granted in grant.budgets.items():
             size = max(1, self.backlog.item_bytes(endpoint))
             items = min(granted.items, granted.bytes // size)
+            self.admission.taken(endpoint, WorkBudget(items, items * size), wanted[endpoint],
+                                 now)
             if items:
-                distributor.admit(endpoint, WorkBudget(items, items * size), now)
                 end[endpoint] = int(start.get(endpoint, 0)) + items
         return end
 
@@ -128,18 +108,10 @@ class BudgetedStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         yield from self.backlog.read(partition.endpoint, partition.start, partition.end)
 
     def commit(self, end: dict) -> None:
-        """Work up to `end` is processed: the in-flight budget drains, endpoints top up."""
-        self._drain(time.monotonic())
-
-    def _drain(self, now: float) -> None:
-        distributor = self.tracker.distributor
-        for endpoint in distributor.endpoints:
-            done = distributor.in_flight(endpoint)
-            if not done.is_empty:
-                distributor.processed(endpoint, done, now)
+        pass  # what was admitted is processed: the next `latestOffset` tops the budgets up
 
     def stop(self) -> None:
-        self.tracker.close()
+        self.admission.close()
 
 
 class BudgetedSource(DataSource):  # type: ignore[misc]

@@ -54,8 +54,9 @@ class KeyStage:
         self.infos: list[Any] = []  # monitoring infos of the bundles run since the last take
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime
-             ) -> tuple[list[OutRow], bytes | None, bool]:
-        """(output rows, the key's new blob or None, whether timers are pending)."""
+             ) -> tuple[list[OutRow], bytes | None, int | None]:
+        """(output rows, the key's new blob or None, the hold of its pending timers: the
+        earliest output timestamp they will emit at, in micros; None when none are pending)."""
         saved = pickle.loads(blob) if blob else None
         out: list[OutRow] = []
         with WORKERS.lease(self.spec.stage.descriptor) as worker:
@@ -74,9 +75,10 @@ class KeyStage:
             finally:
                 self.infos.extend(driver.infos)
         timers = {f: dict(p) for f, p in driver._timers.items() if p}
+        hold = timer_hold(timers)
         if not timers and not state["state"] and not state["ordered"]:
-            return out, None, False
-        return out, pickle.dumps({**state, "timers": timers}, protocol=5), bool(timers)
+            return out, None, None
+        return out, pickle.dumps({**state, "timers": timers}, protocol=5), hold
 
     def take_infos(self) -> list[Any]:
         """The monitoring infos of every key run since the last call, merged."""
@@ -106,6 +108,17 @@ class KeyStage:
             for batch in driver._timer_bundles(firing):
                 out.extend(driver._run(batch))
         raise RuntimeError(f"timers of {self.spec.stage.label} kept re-arming")
+
+
+def timer_hold(timers: dict[Any, dict[Any, Any]]) -> int | None:
+    """The earliest output timestamp (hold) of pending timers, in micros; None if none. A timer
+    set without an output timestamp holds at its fire time (event time) as Beam sets it."""
+    holds = [
+        (t.hold_timestamp if t.hold_timestamp is not None else t.fire_timestamp).micros
+        for pending in timers.values() for t in pending.values()
+        if t.hold_timestamp is not None or t.fire_timestamp is not None
+    ]
+    return min(holds, default=MAX_MICROS) if timers else None
 
 
 def rows_by_input(rows: Iterator[tuple[int, bytes]]) -> dict[int, list[bytes]]:

@@ -238,3 +238,16 @@ def test_10000_random_endpoint_updates_never_drift_budgets_upward(seed: int) -> 
                 assert dist.in_flight(e).fits_in(dist.share(e))
             dist.processed(e, W(rng.randint(0, got.items), rng.randint(0, got.bytes)), now)
         check_invariants(dist)
+
+
+def test_held_back_endpoint_is_throttled_until_refilled_and_taken_per_endpoint() -> None:
+    d = BudgetDistributor(WorkBudget(10, 100))
+    d.distribute(["a", "b"], now=0.0)
+    d.admit("a", WorkBudget(5, 5), now=0.0)
+    d.hold_back("a", now=1.0)
+    assert d.throttle_seconds("a", now=3.0) == 2.0
+    d.processed("a", WorkBudget(5, 5), now=4.0)  # refilled: the stretch ends
+    assert d.throttle_seconds("a", now=9.0) == 3.0
+    assert d.take_throttle_seconds_of("a", now=9.0) == 3.0
+    assert d.take_throttle_seconds_of("a", now=10.0) == 0.0
+    assert d.throttle_seconds("b") == 0.0

@@ -67,16 +67,57 @@ def test_next_positions_advance_at_most_per_batch_and_stop_at_end() -> None:
 
 
 def test_rows_are_exactly_the_range_and_replay_identically() -> None:
+    """Positions count units: a row each, one for an item without rows."""
     items = (Item(rows=(row(0), row(1))), Item(), Item(rows=(row(2),)), Item(rows=(row(3),)))
-    s = Script((Endpoint("a", items),))
-    assert s.rows("a", 0, 1) == [row(0), row(1)]
-    assert s.rows("a", 1, 3) == [row(2)]
-    assert s.rows("a", 2, 4) == [row(2), row(3)]
-    assert s.rows("a", 3, 3) == []
-    assert s.rows("a", 0, 4) == [row(i) for i in range(4)]
-    assert s.rows("a", 1, 4) == s.rows("a", 1, 4)
+    e = Endpoint("a", items)
+    s = Script((e,))
+    assert e.ends == (2, 3, 4, 5) and e.units == 5
+    assert s.rows("a", 0, 2) == [row(0), row(1)]
+    assert s.rows("a", 0, 1) == [row(0)]  # a budget may stop inside an item
+    assert s.rows("a", 1, 4) == [row(1), row(2)]
+    assert s.rows("a", 2, 5) == [row(2), row(3)]
+    assert s.rows("a", 4, 4) == []
+    assert s.rows("a", 0, 5) == [row(i) for i in range(4)]
+    assert s.rows("a", 1, 5) == s.rows("a", 1, 5)
     with pytest.raises(KeyError):
         s.rows("missing", 0, 1)
+
+
+def test_an_items_watermark_and_advance_count_once_all_its_rows_are_read() -> None:
+    e = Endpoint("a", (Item(rows=(row(0), row(1)), watermark=7, advance=3), Item(watermark=9)))
+    assert [e.watermark_after(p) for p in range(3)] == [MIN_MICROS, MIN_MICROS, 7]
+    assert [e.advance_until(p) for p in range(3)] == [0, 0, 3]
+    assert e.watermark_after(3) == MAX_MICROS
+
+
+def test_next_position_finishes_the_item_being_read() -> None:
+    e = Endpoint("a", (Item(rows=(row(0), row(1), row(2))), Item(watermark=4), Item()))
+    assert [e.next_position(p) for p in range(6)] == [3, 3, 3, 4, 5, 5]
+    two = Endpoint("b", e.items, per_batch=2)
+    assert [two.next_position(p) for p in (0, 1, 3, 4)] == [4, 4, 5, 5]
+
+
+def test_costs_are_row_bytes_and_none_for_items_without_rows() -> None:
+    e = Endpoint("a", (Item(rows=((0, b"kk", b"vvv"), (0, None, b"v"))), Item(watermark=1)))
+    assert e.costs(0, 3) == [5, 1, None]
+    assert e.costs(1, 2) == [1]
+    assert e.costs(2, 3) == [None]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), max_size=6), max_size=8),
+       st.integers(1, 40), st.integers(0, 8))
+def test_unit_ranges_partition_the_rows(sizes: list[list[int]], cut: int, start: int) -> None:
+    """Reading [0, a) then [a, units) gives every row once, in order, for any cut point."""
+    n = 0
+    items = []
+    for rows in sizes:
+        items.append(Item(rows=tuple(row(n + i) for i in range(len(rows)))))
+        n += len(rows)
+    e = Endpoint("a", tuple(items))
+    a = min(cut, e.units)
+    assert e.rows(0, a) + e.rows(a, e.units) == [row(i) for i in range(n)]
+    assert len(e.costs(0, e.units)) == e.units
 
 
 def test_offsets_chain_and_test_clock_sums_advances() -> None:
