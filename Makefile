@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= out/wordcount
 
-.PHONY: run test test-fast test-unit test-integration test-conformance test-conformance-streaming lint typecheck bench bench-quick clean
+.PHONY: run test test-slow test-fast test-unit test-integration test-conformance test-conformance-streaming lint typecheck bench bench-quick clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
 test: $(STAMP) lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full and not slow" --durations=25 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/component
@@ -35,6 +35,10 @@ test-integration: $(STAMP)
 
 test-conformance: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" tests/conformance
+
+# The kill -9 restart test and the portable suite's wall-clock timer tests (~4 min).
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow tests
 
 # Beam's trigger transcripts, userstate and TestStream side-input tests on --streaming (~25 min on 2 cores).
 test-conformance-streaming: $(STAMP)

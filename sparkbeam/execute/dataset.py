@@ -212,6 +212,17 @@ class Datasets:
     def collect_values(self, df: DataFrame) -> list[bytes]:
         return [bytes(r.value) for r in df.select("value").collect()]
 
+    def collect_values_of(self, dfs: list[DataFrame]) -> list[list[bytes]]:
+        """The values of several buffers in one action, each buffer's in its own order."""
+        if len(dfs) == 1:
+            return [self.collect_values(dfs[0])]
+        tagged = _union([df.select(F.lit(n).cast("int").alias("part"), "value")
+                         for n, df in enumerate(dfs)])
+        out: list[list[bytes]] = [[] for _ in dfs]
+        for row in tagged.collect():
+            out[row.part].append(bytes(row.value))
+        return out
+
     def release(self, df: DataFrame) -> None:
         with contextlib.suppress(Exception):
             df.unpersist(blocking=False)

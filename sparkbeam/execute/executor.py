@@ -162,14 +162,18 @@ class Executor:
             partitions = self.ds.parallelism
         shipped = None
         if stage.side_inputs:
-            for use in stage.side_inputs:
-                if use.buffer_id not in materialised:
-                    self.ds.describe(f"{job_id}: side input for {stage.display}")
-                    source = self.ds.union(buffers.get(use.buffer_id, []))
-                    materialised[use.buffer_id] = self._act(
-                        functools.partial(self.ds.collect_values, source),
-                        stage, job_id, cancelled,
-                    )
+            missing = list(dict.fromkeys(
+                use.buffer_id for use in stage.side_inputs if use.buffer_id not in materialised))
+            if missing:
+                # One Spark action for all of the stage's side inputs (WriteToText's finalize
+                # reads three): each action costs a job per shuffle under adaptive execution.
+                self.ds.describe(f"{job_id}: side inputs for {stage.display}")
+                sources = [self.ds.union(buffers.get(b, [])) for b in missing]
+                collected = self._act(
+                    functools.partial(self.ds.collect_values_of, sources),
+                    stage, job_id, cancelled,
+                )
+                materialised.update(zip(missing, collected, strict=True))
             shipped = self.ds.ship(side_input_state(stage.side_inputs, materialised, ctx))
         spec = TaskSpec(
             stage=stage,

@@ -67,6 +67,13 @@ def has_timers(state: trigger.InMemoryUnmergedState) -> bool:
     return any(state.timers.values())
 
 
+def earliest_hold(state: trigger.InMemoryUnmergedState) -> int:
+    """The earliest output time the key's pending panes will carry (the watermark holds Beam's
+    trigger driver keeps per window), in micros; MAX_MICROS when it holds none."""
+    hold = state.get_earliest_hold()
+    return MAX_MICROS if hold >= MAX_TIMESTAMP else int(hold.micros)
+
+
 class KeyGrouper:
     """Everything to group one key's values of one GroupByKey; built once per process."""
 

@@ -27,7 +27,7 @@ from sparkbeam.execute.stage_task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.execute.task_errors import error_payload
 from sparkbeam.plan.model import Grouping
 from sparkbeam.streaming.clock import OffsetLogClock
-from sparkbeam.streaming.gbk import dump_state, grouper, has_timers, load_state
+from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, has_timers, load_state
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, RunnerTime
 from sparkbeam.streaming.sides import (
     HoldStore,
@@ -153,15 +153,23 @@ class GroupByKeyProcessor(_KeyedProcessor):
     (output tag, key, KV<key, iterable>) out."""
 
     def __init__(self, grouping: Grouping, components: bytes, pickle_library: str,
-                 output_tag: int, checkpoint: str, holds: tuple[str, ...] = ()) -> None:
+                 output_tag: int, checkpoint: str, holds: tuple[str, ...] = (),
+                 hold_label: str | None = None) -> None:
         super().__init__(pickle_library, checkpoint, holds)
         self.grouping = grouping
         self.components = components
         self.output_tag = output_tag
+        self.hold_label = hold_label  # set when its panes may be timestamped before window end
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
         self.grouper = grouper(self.grouping, self.components)
+        self.hold = MAX_MICROS
+
+    def close(self) -> None:
+        if self.hold_label is not None:
+            # Keys with buffered windows have trigger timers, so they are woken every batch.
+            self._write_hold(self.hold_label, self.hold)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, bool]:
@@ -169,6 +177,8 @@ class GroupByKeyProcessor(_KeyedProcessor):
         panes = self.grouper.process(key, state, [bytes(r.value) for r in rows],
                                      time.watermark_before, time.watermark,
                                      time.processing_before, time.processing)
+        if self.hold_label is not None:
+            self.hold = min(self.hold, earliest_hold(state))
         out = [Row(tag=self.output_tag, key=key, value=p) for p in panes]
         return out, dump_state(state), has_timers(state)
 

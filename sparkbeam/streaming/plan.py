@@ -125,8 +125,14 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
         endpoints.append(Endpoint(IMPULSE_ENDPOINT, (impulse,)))
     # Splittable reads (e.g. PeriodicImpulse) follow the wall clock; TestStreams their own.
     script = Script(tuple(endpoints), test_clock=not any(s.splittable for s in stages))
-    holds = upstream_holds(stages)
     comps = beam_runner_api_pb2.Components.FromString(plan.components)
+    holding_groupings = {
+        buffer_id: grouping_hold_label(tags[buffer_id])
+        for buffer_id, grouping in plan.groupings.items()
+        if comps.windowing_strategies[grouping.windowing_strategy_id].output_time
+        in _HOLDING_OUTPUT_TIMES
+    }
+    holds = upstream_holds(stages, holding_groupings)
     sides = {
         stage.label: tuple(
             StreamingSide(use, tags[use.buffer_id], holds.get(use.buffer_id, ()),
@@ -136,6 +142,18 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
         if stage.side_inputs
     }
     return StreamingPlan(_without_events(plan), script, tags, tuple(stages), sides, holds, steps)
+
+
+# A GroupByKey whose panes are timestamped before their window's end holds the watermark of
+# what is downstream at its earliest pending output time (Beam's trigger driver keeps that hold);
+# END_OF_WINDOW panes need none (they carry the end of a window the watermark has just passed).
+_HOLDING_OUTPUT_TIMES = (beam_runner_api_pb2.OutputTime.EARLIEST_IN_PANE,
+                         beam_runner_api_pb2.OutputTime.LATEST_IN_PANE)
+
+
+def grouping_hold_label(tag: int) -> str:
+    """The hold label of the GroupByKey that groups buffer `tag` (a path segment)."""
+    return f"gbk-{tag:03d}"
 
 
 def _without_events(plan: Plan) -> Plan:

@@ -35,7 +35,7 @@ from sparkbeam.streaming.operators import (
     StageTask,
     StatefulStageProcessor,
 )
-from sparkbeam.streaming.plan import StreamingPlan
+from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
 from sparkbeam.streaming.sides import HoldStore, side_path
 
@@ -86,9 +86,11 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             frame = _union(frames)
             grouping = plan.groupings.get(inp.buffer_id)
             if grouping is not None:
+                label = grouping_hold_label(tag)
                 processor = GroupByKeyProcessor(grouping, plan.components, plan.pickle_library,
                                                 tag, settings.checkpoint_dir,
-                                                splan.holds_of([inp.buffer_id]))
+                                                splan.holds_of([inp.buffer_id]),
+                                                label if label in splan.holding else None)
                 frame = frame.groupBy("key").transformWithState(
                     processor, ROW_SCHEMA, "Append", "ProcessingTime")
             inputs.append(frame)

@@ -7,10 +7,11 @@ and processing time after an offset are a function of that offset alone, so a re
 sees exactly what the first attempt saw.
 
 A TestStream item is one of its events; a micro-batch takes at most one event per TestStream,
-which makes every batch boundary a TestStream event boundary (elements of one event are processed
-at the watermark before it, timers then fire at the watermark after it, as Beam's DirectRunner
-does). Processing time starts at 0 for TestStream pipelines (Beam's TestClock) and advances by
-its ProcessingTimeEvents; otherwise it is the wall clock when the batch was planned.
+plus the watermark event right after an element event, so every batch boundary is a TestStream
+event boundary (elements are processed at the watermark before the batch, timers then fire at
+the watermark after it, as Beam's DirectRunner does for the two events in turn). Processing
+time starts at 0 for TestStream pipelines (Beam's TestClock) and advances by its
+ProcessingTimeEvents; otherwise it is the wall clock when the batch was planned.
 """
 from __future__ import annotations
 
@@ -79,10 +80,17 @@ class Endpoint:
 
     def next_position(self, start: int) -> int:
         """Where the next batch ends without a budget: `per_batch` more items read (the item
-        being read at `start` counts as one)."""
+        being read at `start` counts as one), and the watermark item right after the last of
+        them if they hold rows: elements are processed at the watermark before the batch and
+        timers fire at the one after it, as a runner would process the two events in turn."""
         done = self._read(start)
-        return self.ends[min(len(self.items), done + self.per_batch) - 1] if done < len(
-            self.items) else self.units
+        if done >= len(self.items):
+            return self.units
+        last = min(len(self.items), done + self.per_batch) - 1
+        if self.items[last].rows and last + 1 < len(self.items) and _only_watermark(
+                self.items[last + 1]):
+            last += 1
+        return self.ends[last]
 
     def costs(self, start: int, end: int) -> list[int | None]:
         """The encoded size of every unit in [start, end): a row's key and value bytes, None
@@ -110,6 +118,10 @@ class Endpoint:
                 break
             out.extend(rows[max(start, first) - first: min(end, self.ends[index]) - first])
         return out
+
+
+def _only_watermark(item: Item) -> bool:
+    return item.watermark is not None and not item.rows and not item.advance
 
 
 @dataclass(frozen=True)

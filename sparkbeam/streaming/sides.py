@@ -21,7 +21,7 @@ import os
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,13 +54,17 @@ def holds_back(stage: Stage) -> bool:
     return bool(stage.side_inputs) or stage.splittable or bool(stage.stateful and stage.timers)
 
 
-def upstream_holds(stages: Iterable[Stage]) -> dict[bytes, tuple[str, ...]]:
+def upstream_holds(stages: Iterable[Stage], groupings: Mapping[bytes, str] | None = None
+                   ) -> dict[bytes, tuple[str, ...]]:
     """buffer id -> labels of the holding stages upstream of it (stages in topological
-    order; a holding stage's outputs are downstream of itself)."""
+    order; a holding stage's outputs are downstream of itself). `groupings` names the holding
+    GroupByKeys by the buffer they group: what reads their output is downstream of them."""
     found: dict[bytes, set[str]] = {}
     for stage in stages:
         reads = [i.buffer_id for i in stage.inputs] + [s.buffer_id for s in stage.side_inputs]
         labels = set().union(*(found.get(b, set()) for b in reads))
+        labels.update((groupings or {})[i.buffer_id] for i in stage.inputs
+                      if i.buffer_id in (groupings or {}))
         if holds_back(stage):
             labels.add(stage.label)
         for output in stage.outputs:

@@ -5,6 +5,7 @@ session through SparkJobExecutor. Gaps are strict xfails with reasons (CONFORMAN
 """
 from __future__ import annotations
 
+import pytest
 from apache_beam.runners.portability import portable_runner_test as beam_suite
 
 from tests.conformance.gaps import mark_known_gaps
@@ -35,3 +36,9 @@ class TestSparkJobServerOnPortableSuite(beam_suite.PortableRunnerTest):
 
 
 mark_known_gaps(TestSparkJobServerOnPortableSuite, KNOWN_GAPS)
+# Each runs a PeriodicImpulse for 14 s of wall clock; the FnApi suite runs the same tests in
+# `make test`, these copies run in `make test-slow`.
+for _name in ("test_pardo_et_timer_with_no_firing", "test_pardo_et_timer_with_no_reset",
+              "test_pardo_et_timer_with_no_reset_and_no_clear"):
+    setattr(TestSparkJobServerOnPortableSuite, _name,
+            pytest.mark.slow(getattr(TestSparkJobServerOnPortableSuite, _name)))

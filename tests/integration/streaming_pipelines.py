@@ -192,7 +192,25 @@ def processing_timer_hold(p):
             | beam.ParDo(Describe()))
 
 
+def earliest_then_finer_windows(p):
+    """Panes timestamped at their earliest element (OUTPUT_AT_EARLIEST) regrouped in finer
+    windows: the first GroupByKey holds the watermark of the second at its pending panes'
+    earliest timestamps, so those panes are on time there though the watermark passed 5
+    before they fired."""
+    return (p | events(("add", [("a", 1, 1)]), ("add", [("b", 2, 3)]), ("wm", 7), ("wm", 12),
+                       ("add", [("a", 4, 14)]), ("wm", 30))
+            | "Tens" >> beam.WindowInto(
+                window.FixedWindows(10),
+                timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST)
+            | "Group" >> beam.GroupByKey()
+            | beam.MapTuple(lambda k, vs: (k, sum(vs)))
+            | "Fives" >> beam.WindowInto(window.FixedWindows(5))
+            | "Regroup" >> beam.GroupByKey()
+            | beam.ParDo(Describe()))
+
+
 STREAMING_PIPELINES: dict[str, Callable] = {
+    "earliest_then_finer_windows": earliest_then_finer_windows,
     "stateful_timers": stateful_timers,
     "fixed_default": fixed_default,
     "early_accumulating_late": early_accumulating_late,

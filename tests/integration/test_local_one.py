@@ -19,9 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 ONE_CORE = [
-    "co_group_by_key", "combine_per_key", "reshuffle", "side_inputs_all_kinds",
-    "windowed_side_inputs", "splittable_dofn_checkpoints", "stateful_bag_combining_timers",
-    "text_io_round_trip",
+    "co_group_by_key", "side_inputs_all_kinds", "splittable_dofn_checkpoints",
+    "stateful_bag_combining_timers", "text_io_round_trip",
 ]
 
 

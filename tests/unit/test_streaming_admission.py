@@ -51,10 +51,11 @@ def test_four_endpoints_under_a_budget_of_1000_items() -> None:
     assert batches[-1][0]["wm"] == MAX_MICROS
 
 
-def test_without_a_budget_an_event_is_one_batch() -> None:
-    endpoints = (Endpoint("a", (Item(rows=rows(0, 600)), Item(watermark=5))),)
+def test_without_a_budget_an_event_and_its_watermark_are_one_batch() -> None:
+    endpoints = (Endpoint("a", (Item(rows=rows(0, 600)), Item(watermark=5), Item(watermark=9))),)
     batches = run_batches(BeamStreamReader(Script(endpoints)))
-    assert [len(read) for _, read in batches][:2] == [600, 0]
+    assert [(len(read), end["wm0"], end["wm"]) for end, read in batches][:2] == [
+        (600, MIN_MICROS, 5), (0, 5, MAX_MICROS)]
     assert "throttle" not in batches[0][0]
 
 

@@ -267,3 +267,19 @@ def test_state_of_expired_windows_is_cleared() -> None:
     for seconds, wm0, wm in EARLY_BATCHES:
         h.run(state, seconds, wm0, wm)
     assert dump_state(state) is None
+
+
+def test_earliest_hold_is_the_trigger_drivers_watermark_hold() -> None:
+    from apache_beam.transforms import trigger
+    from apache_beam.transforms.window import IntervalWindow
+    from apache_beam.utils.timestamp import Timestamp
+
+    from sparkbeam.streaming.gbk import earliest_hold
+    from sparkbeam.streaming.script import MAX_MICROS
+
+    state = trigger.InMemoryUnmergedState()
+    assert earliest_hold(state) == MAX_MICROS
+    tag = trigger._WatermarkHoldStateTag("watermark", trigger.TimestampCombiner.OUTPUT_AT_EARLIEST)
+    state.add_state(IntervalWindow(0, 10), tag, Timestamp(3))
+    state.add_state(IntervalWindow(10, 20), tag, Timestamp(12))
+    assert earliest_hold(state) == 3_000_000 - 1  # Beam's hold is one granule before

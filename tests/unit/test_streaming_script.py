@@ -92,7 +92,10 @@ def test_an_items_watermark_and_advance_count_once_all_its_rows_are_read() -> No
 
 def test_next_position_finishes_the_item_being_read() -> None:
     e = Endpoint("a", (Item(rows=(row(0), row(1), row(2))), Item(watermark=4), Item()))
-    assert [e.next_position(p) for p in range(6)] == [3, 3, 3, 4, 5, 5]
+    # An element event takes the watermark event after it along (one batch for both).
+    assert [e.next_position(p) for p in range(6)] == [4, 4, 4, 4, 5, 5]
+    advancing = Endpoint("c", (Item(rows=(row(0),)), Item(advance=5), Item(watermark=4)))
+    assert advancing.next_position(0) == 1  # processing time moves in a batch of its own
     two = Endpoint("b", e.items, per_batch=2)
     assert [two.next_position(p) for p in (0, 1, 3, 4)] == [4, 4, 5, 5]
 

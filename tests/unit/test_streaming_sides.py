@@ -51,6 +51,16 @@ def test_holds_name_the_side_input_stages_upstream_of_each_buffer() -> None:
     }
 
 
+def test_a_holding_grouping_holds_what_reads_its_output_not_itself() -> None:
+    stages = [
+        _stage(1, [b"root"], [b"a"]),
+        _stage(2, [b"a"], [b"b"]),  # reads the holding GroupByKey's output (grouping of a)
+        _stage(3, [b"b"], [b"c"]),
+    ]
+    holds = upstream_holds(stages, {b"a": "gbk-001"})
+    assert holds == {b"a": (), b"b": ("gbk-001",), b"c": ("gbk-001",)}
+
+
 def test_hold_is_the_earliest_waiting_timestamp_of_the_batch_before(tmp_path) -> None:  # type: ignore[no-untyped-def]
     write_hold(hold_path(str(tmp_path), "stage-002"), 3, 0, 70)
     write_hold(hold_path(str(tmp_path), "stage-002"), 3, 1, 50)
