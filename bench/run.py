@@ -73,6 +73,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and 10x)",
     )
     parser.add_argument(
+        "--size-index", type=int, default=None,
+        help="run only the K-th size (0-based) of each workload's series (e.g. 2: full scale's "
+        "100x), to add a size to an earlier run with --append",
+    )
+    parser.add_argument(
         "--timeout", type=float, help="seconds per size (default: quick 180, full 1800)"
     )
     parser.add_argument(
@@ -358,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     chosen = [workloads.WORKLOADS[name] for name in args.workloads]
     plan = [(wl, list(wl.sizes[args.scale])[: args.sizes]) for wl in chosen]
+    if args.size_index is not None:
+        plan = [(wl, list(wl.sizes[args.scale])[args.size_index:args.size_index + 1])
+                for wl in chosen]
     total = sum(len(sizes) for _, sizes in plan) * len(args.runners)
     print(
         f"sparkbeam bench: scale={args.scale}, {len(plan)} workloads x {len(args.runners)} "
