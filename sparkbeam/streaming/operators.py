@@ -35,6 +35,7 @@ from sparkbeam.streaming.sides import (
     SideStore,
     StreamingSide,
     hold_path,
+    holds_back,
     values_of,
     watermark_at_start,
     write_hold,
@@ -223,7 +224,7 @@ class StatefulStageProcessor(_PerKeyStageProcessor):
 
     def close(self) -> None:
         super().close()
-        if self.task.spec.stage.timers:
+        if holds_back(self.task.spec.stage):
             # Keys with pending timers are woken every batch, so every such key was seen.
             self._write_hold(self.task.spec.stage.label, self.hold)
 

@@ -16,6 +16,7 @@ ProcessingTimeEvents; otherwise it is the wall clock when the batch was planned.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
@@ -92,31 +93,31 @@ class Endpoint:
             last += 1
         return self.ends[last]
 
+    def _slices(self, start: int, end: int) -> Iterator[tuple[Item, int, int]]:
+        """The items units [start, end) touch, each with the slice [lo, hi) of its units
+        (counted from the item's first unit) that falls in the range."""
+        for index in range(self._read(start), len(self.items)):
+            item = self.items[index]
+            first = self.ends[index] - max(1, len(item.rows))
+            if first >= end:
+                return
+            yield item, max(start, first) - first, min(end, self.ends[index]) - first
+
     def costs(self, start: int, end: int) -> list[int | None]:
         """The encoded size of every unit in [start, end): a row's key and value bytes, None
         for an item without rows (it costs no budget)."""
         out: list[int | None] = []
-        for index in range(self._read(start), len(self.items)):
-            first = self.ends[index] - max(1, len(self.items[index].rows))
-            if first >= end:
-                break
-            rows = self.items[index].rows
-            for unit in range(max(start, first), min(end, self.ends[index])):
-                if rows:
-                    _tag, key, value = rows[unit - first]
-                    out.append(len(key or b"") + len(value))
-                else:
-                    out.append(None)
+        for item, lo, hi in self._slices(start, end):
+            if not item.rows:
+                out.extend([None] * (hi - lo))
+                continue
+            out.extend(len(key or b"") + len(value) for _tag, key, value in item.rows[lo:hi])
         return out
 
     def rows(self, start: int, end: int) -> list[Row]:
         out: list[Row] = []
-        for index in range(self._read(start), len(self.items)):
-            rows = self.items[index].rows
-            first = self.ends[index] - max(1, len(rows))
-            if first >= end:
-                break
-            out.extend(rows[max(start, first) - first: min(end, self.ends[index]) - first])
+        for item, lo, hi in self._slices(start, end):
+            out.extend(item.rows[lo:hi])
         return out
 
 

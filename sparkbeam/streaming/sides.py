@@ -60,11 +60,12 @@ def upstream_holds(stages: Iterable[Stage], groupings: Mapping[bytes, str] | Non
     order; a holding stage's outputs are downstream of itself). `groupings` names the holding
     GroupByKeys by the buffer they group: what reads their output is downstream of them."""
     found: dict[bytes, set[str]] = {}
+    holding_groupings = groupings or {}
     for stage in stages:
         reads = [i.buffer_id for i in stage.inputs] + [s.buffer_id for s in stage.side_inputs]
         labels = set().union(*(found.get(b, set()) for b in reads))
-        labels.update((groupings or {})[i.buffer_id] for i in stage.inputs
-                      if i.buffer_id in (groupings or {}))
+        labels.update(holding_groupings[i.buffer_id] for i in stage.inputs
+                      if i.buffer_id in holding_groupings)
         if holds_back(stage):
             labels.add(stage.label)
         for output in stage.outputs:
