@@ -15,11 +15,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from apache_beam.transforms import trigger
+from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from sparkbeam.execute import worker_context
 from sparkbeam.plan.model import Grouping
-from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS
+from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Pending
 
 _MAX_ROUNDS = 100_000
 
@@ -65,6 +66,23 @@ def dump_state(state: trigger.InMemoryUnmergedState) -> bytes | None:
 
 def has_timers(state: trigger.InMemoryUnmergedState) -> bool:
     return any(state.timers.values())
+
+
+def pending_of(state: trigger.InMemoryUnmergedState, hold: int = MAX_MICROS) -> Pending | None:
+    """What the key waits for: its earliest trigger timers per time domain and `hold` (the
+    earliest output time of its pending panes, when the GroupByKey holds downstream); None
+    when it has neither."""
+    if not has_timers(state) and hold >= MAX_MICROS:
+        return None
+    event = processing = MAX_MICROS
+    for timers in state.timers.values():
+        for (_name, domain, _tag), timestamp in timers.items():
+            micros = min(MAX_MICROS, int(Timestamp.of(timestamp).micros))
+            if domain == TimeDomain.WATERMARK:
+                event = min(event, micros)
+            else:
+                processing = min(processing, micros)
+    return Pending(event=event, processing=processing, hold=hold)
 
 
 def earliest_hold(state: trigger.InMemoryUnmergedState) -> int:

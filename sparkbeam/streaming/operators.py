@@ -27,8 +27,8 @@ from sparkbeam.execute.stage_task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.execute.task_errors import error_payload
 from sparkbeam.plan.model import Grouping
 from sparkbeam.streaming.clock import OffsetLogClock
-from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, has_timers, load_state
-from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, RunnerTime
+from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, load_state, pending_of
+from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, MIN_MICROS, Pending, RunnerTime
 from sparkbeam.streaming.sides import (
     HoldStore,
     SideReadiness,
@@ -76,7 +76,12 @@ class StageTask:
 
 class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
     """One blob of Beam state per key, one Spark wake-up timer while Beam timers are pending,
-    the runner's time from the offset log."""
+    the runner's time from the offset log.
+
+    Beside the blob the key keeps what it waits for (`script.Pending`). While it waits, one
+    Spark timer a millisecond after the batch wakes it next batch; a woken key with nothing due
+    only sets the next one (its blob is neither read nor written). A key with both input and an
+    expired timer in a batch is run for its input and then passed over as woken."""
 
     def __init__(self, pickle_library: str, checkpoint: str, holds: tuple[str, ...] = ()
                  ) -> None:
@@ -89,10 +94,12 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
 
         worker_context.prepare(self.pickle_library)
         self.handle = handle
-        self.blob = handle.getValueState("beam", "blob binary, wake long")
+        self.blob = handle.getValueState(
+            "beam", "blob binary, event long, processing long, hold long")
         self.clock = OffsetLogClock(self.checkpoint)
         self.hold_store = HoldStore(self.checkpoint)
         self.batch = -1
+        self.hold = MAX_MICROS  # the earliest hold of the keys of this task's batch
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802
         return self._step(bytes(key[0]), list(rows), timerValues, woken=False)
@@ -103,23 +110,35 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         return self._step(bytes(key[0]), [], timerValues, woken=True)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
-                 ) -> tuple[list[Row], bytes | None, bool]:
+                 ) -> tuple[list[Row], bytes | None, Pending | None]:
+        """(output rows, the key's new blob or None, what it waits for or None)."""
         raise NotImplementedError
 
     def _step(self, key: bytes, rows: list[Row], timer_values: Any, woken: bool) -> Iterator[Row]:
         now_ms = timer_values.getCurrentProcessingTimeInMs()
         self.batch = self.clock.batch_at(now_ms)
-        saved = self.blob.get() if self.blob.exists() else None
-        blob = bytes(saved[0]) if saved and saved[0] is not None else None
-        wake = None if woken or not saved else saved[1]
-        out, blob, pending = self._process(key, rows, blob, self._time(now_ms))
-        if pending and wake is None:
-            wake = now_ms + 1
-            self.handle.registerTimer(wake)
+        time = self._time(now_ms)
+        saved = self.blob.get()  # None when the key has no state
+        waited = None if saved is None or saved[1] is None else Pending(*saved[1:])
+        if woken and (waited is None or not waited.due(time)):
+            # Nothing fires: the key's work, if any, was done for its input in this batch.
+            if waited is not None:
+                self.hold = min(self.hold, waited.hold)
+                self.handle.registerTimer(now_ms + 1)
+            return iter(())
+        blob = bytes(saved[0]) if saved is not None and saved[0] is not None else None
+        out, blob, pending = self._process(key, rows, blob, time)
+        if pending is not None:
+            self.hold = min(self.hold, pending.hold)
+            if woken or waited is None:
+                # Invariant: a waiting key has one Spark timer set, expiring next batch.
+                self.handle.registerTimer(now_ms + 1)
         if blob is None:
             self.blob.clear()
+        elif pending is None:
+            self.blob.update((blob, None, None, None))
         else:
-            self.blob.update((blob, wake))
+            self.blob.update((blob, pending.event, pending.processing, pending.hold))
         return iter(out)
 
     def _time(self, now_ms: int) -> RunnerTime:
@@ -173,15 +192,15 @@ class GroupByKeyProcessor(_KeyedProcessor):
             self._write_hold(self.hold_label, self.hold)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
-                 ) -> tuple[list[Row], bytes | None, bool]:
+                 ) -> tuple[list[Row], bytes | None, Pending | None]:
         state = load_state(blob)
         panes = self.grouper.process(key, state, [bytes(r.value) for r in rows],
                                      time.watermark_before, time.watermark,
                                      time.processing_before, time.processing)
-        if self.hold_label is not None:
-            self.hold = min(self.hold, earliest_hold(state))
         out = [Row(tag=self.output_tag, key=key, value=p) for p in panes]
-        return out, dump_state(state), has_timers(state)
+        hold = earliest_hold(state) if self.hold_label is not None else MAX_MICROS
+        pending = pending_of(state, hold)
+        return out, dump_state(state), pending
 
 
 class _PerKeyStageProcessor(_KeyedProcessor):
@@ -229,18 +248,16 @@ class StatefulStageProcessor(_PerKeyStageProcessor):
             self._write_hold(self.task.spec.stage.label, self.hold)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
-                 ) -> tuple[list[Row], bytes | None, bool]:
+                 ) -> tuple[list[Row], bytes | None, Pending | None]:
         inputs = rows_by_input((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         try:
-            out, blob, hold = self.key_stage.step(blob, inputs, time)
+            out, blob, pending = self.key_stage.step(blob, inputs, time)
         except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
             self.failed = True
             raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None
-        if hold is not None:
-            self.hold = min(self.hold, hold)
         rows_out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                     for index, k, v in out]
-        return rows_out, blob, hold is not None
+        return rows_out, blob, pending
 
 
 @dataclass(frozen=True)
@@ -307,7 +324,7 @@ class SideInputStageProcessor(_KeyedProcessor):
         return self._state[1]
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
-                 ) -> tuple[list[Row], bytes | None, bool]:
+                 ) -> tuple[list[Row], bytes | None, Pending | None]:
         held: list[tuple[int, bytes]] = pickle.loads(blob) if blob else []
         held.extend((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         ready, waiting, hold = self.readiness.split(
@@ -325,8 +342,8 @@ class SideInputStageProcessor(_KeyedProcessor):
             out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                    for index, k, v in outputs if index != METRICS_TAG]
         if not waiting:
-            return out, None, False
-        return out, pickle.dumps(waiting, protocol=5), True
+            return out, None, None
+        return out, pickle.dumps(waiting, protocol=5), EVERY_BATCH
 
 
 class SplittableStageProcessor(_PerKeyStageProcessor):
@@ -347,7 +364,7 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
         self._write_hold(self.task.spec.stage.label, self.hold)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
-                 ) -> tuple[list[Row], bytes | None, bool]:
+                 ) -> tuple[list[Row], bytes | None, Pending | None]:
         inputs = rows_by_input((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         try:
             out, blob, hold = self.key_stage.step(blob, inputs, time, time.drained)
@@ -357,4 +374,4 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
         self.hold = min(self.hold, hold)
         rows_out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                     for index, k, v in out]
-        return rows_out, blob, blob is not None
+        return rows_out, blob, EVERY_BATCH if blob is not None else None

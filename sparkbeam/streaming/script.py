@@ -171,6 +171,29 @@ class RunnerTime:
     drained: bool = False  # the job was drained: restrictions are truncated
 
 
+@dataclass(frozen=True)
+class Pending:
+    """What a key waits for between micro-batches, kept beside its blob: its earliest
+    event-time and processing-time timers and the earliest output time it holds, in micros
+    (MAX_MICROS: none). A key woken by its Spark timer when nothing is due is passed over
+    without loading its blob; its hold still counts."""
+
+    event: int = MAX_MICROS
+    processing: int = MAX_MICROS
+    hold: int = MAX_MICROS
+
+    def due(self, time: RunnerTime) -> bool:
+        """Whether a timer of the key fires in the batch at `time` (Beam fires a timer once the
+        time passes or reaches it); at the final watermark everything left fires."""
+        return (time.watermark >= MAX_MICROS or self.event <= time.watermark
+                or self.processing <= time.processing)
+
+
+#: A key to run every micro-batch (its work is not timers, e.g. elements waiting for side
+#: inputs, residual restrictions).
+EVERY_BATCH = Pending(event=MIN_MICROS)
+
+
 def offset_for(
     script: Script, positions: dict[str, int], previous: dict, wall_clock_micros: int, tick: int,
     drained: bool = False,

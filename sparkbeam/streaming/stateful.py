@@ -22,7 +22,7 @@ from sparkbeam.control.embedded import WORKERS
 from sparkbeam.execute.stage_task import OutRow, TaskSpec, _StageDriver
 from sparkbeam.metrics import merge_infos
 from sparkbeam.streaming.gbk import to_timestamp
-from sparkbeam.streaming.script import MAX_MICROS, RunnerTime
+from sparkbeam.streaming.script import MAX_MICROS, Pending, RunnerTime
 
 _MAX_ROUNDS = 100_000
 _EVENT_TIME = beam_runner_api_pb2.TimeDomain.EVENT_TIME
@@ -54,9 +54,10 @@ class KeyStage:
         self.infos: list[Any] = []  # monitoring infos of the bundles run since the last take
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime
-             ) -> tuple[list[OutRow], bytes | None, int | None]:
-        """(output rows, the key's new blob or None, the hold of its pending timers: the
-        earliest output timestamp they will emit at, in micros; None when none are pending)."""
+             ) -> tuple[list[OutRow], bytes | None, Pending | None]:
+        """(output rows, the key's new blob or None, what its pending timers wait for: their
+        earliest fire time per domain and hold (the earliest output timestamp they will emit
+        at); None when none are pending)."""
         saved = pickle.loads(blob) if blob else None
         out: list[OutRow] = []
         with WORKERS.lease(self.spec.stage.descriptor) as worker:
@@ -75,10 +76,10 @@ class KeyStage:
             finally:
                 self.infos.extend(driver.infos)
         timers = {f: dict(p) for f, p in driver._timers.items() if p}
-        hold = timer_hold(timers)
+        pending = _pending(timers, driver._timer_domain)
         if not timers and not state["state"] and not state["ordered"]:
             return out, None, None
-        return out, pickle.dumps({**state, "timers": timers}, protocol=5), hold
+        return out, pickle.dumps({**state, "timers": timers}, protocol=5), pending
 
     def take_infos(self) -> list[Any]:
         """The monitoring infos of every key run since the last call, merged."""
@@ -119,6 +120,20 @@ def timer_hold(timers: dict[Any, dict[Any, Any]]) -> int | None:
         if t.hold_timestamp is not None or t.fire_timestamp is not None
     ]
     return min(holds, default=MAX_MICROS) if timers else None
+
+
+def _pending(timers: dict[Any, dict[Any, Any]], domains: dict[Any, int]) -> Pending | None:
+    """The earliest fire time of the pending timers per time domain and their hold."""
+    hold = timer_hold(timers)
+    if hold is None:
+        return None
+    fires = {_EVENT_TIME: MAX_MICROS, None: MAX_MICROS}
+    for family, pending in timers.items():
+        domain = _EVENT_TIME if domains[family] == _EVENT_TIME else None
+        for timer in pending.values():
+            if timer.fire_timestamp is not None:
+                fires[domain] = min(fires[domain], timer.fire_timestamp.micros)
+    return Pending(event=fires[_EVENT_TIME], processing=fires[None], hold=hold)
 
 
 def rows_by_input(rows: Iterator[tuple[int, bytes]]) -> dict[int, list[bytes]]:

@@ -19,9 +19,10 @@ from sparkbeam.streaming.gbk import (
     dump_state,
     has_timers,
     load_state,
+    pending_of,
     to_timestamp,
 )
-from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS
+from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Pending, RunnerTime
 
 S = 1_000_000  # micros per second
 W0 = window.IntervalWindow(0, 10)
@@ -283,3 +284,44 @@ def test_earliest_hold_is_the_trigger_drivers_watermark_hold() -> None:
     state.add_state(IntervalWindow(0, 10), tag, Timestamp(3))
     state.add_state(IntervalWindow(10, 20), tag, Timestamp(12))
     assert earliest_hold(state) == 3_000_000 - 1  # Beam's hold is one granule before
+
+
+def runner_time(wm0: int, wm: int, pt0: int = 0, pt: int = 0) -> RunnerTime:
+    return RunnerTime(watermark_before=wm0, watermark=wm, processing_before=pt0, processing=pt)
+
+
+def test_pending_names_the_earliest_timer_and_a_key_not_due_is_untouched_by_its_batch() -> None:
+    """A woken key whose timers are not due is passed over without its blob: running it would
+    emit nothing and change nothing."""
+    h = harness()
+    state = load_state(None)
+    assert pending_of(state) is None
+    h.run(state, [1, 2], MIN_MICROS, 5 * S)
+    pending = pending_of(state)
+    assert pending == Pending(event=10 * S)  # the end-of-window timer, no hold asked for
+    blob = dump_state(state)
+    for wm in (5 * S, 10 * S - 1):
+        assert not pending.due(runner_time(5 * S, wm))
+        assert h.run(state, [], 5 * S, wm) == []
+        assert dump_state(state) == blob
+    assert pending.due(runner_time(5 * S, 10 * S))
+    assert h.run(state, [], 5 * S, 10 * S) == [pane([1, 2], PaneInfoTiming.ON_TIME, 0, 0)]
+    assert pending_of(state) is None
+
+
+def test_pending_processing_time_timer_is_due_at_its_processing_time() -> None:
+    h = harness(
+        trigger=trigger.Repeatedly(trigger.AfterProcessingTime(5)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+    )
+    state = load_state(None)
+    h.run(state, [1], MIN_MICROS, MIN_MICROS, 0, 0)
+    pending = pending_of(state)
+    assert pending is not None and pending.processing == 5 * S
+    assert not pending.due(runner_time(MIN_MICROS, MIN_MICROS, 0, 4 * S))
+    assert pending.due(runner_time(MIN_MICROS, MIN_MICROS, 4 * S, 5 * S))
+    assert pending.due(runner_time(MIN_MICROS, MAX_MICROS))  # the final watermark: all of it
+
+
+def test_pending_keeps_a_hold_without_timers() -> None:
+    assert pending_of(load_state(None), hold=7) == Pending(hold=7)

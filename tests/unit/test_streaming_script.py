@@ -7,9 +7,11 @@ from hypothesis import strategies as st
 
 from sparkbeam.streaming.script import (
     MAX_MICROS,
+    EVERY_BATCH,
     MIN_MICROS,
     Endpoint,
     Item,
+    Pending,
     RunnerTime,
     Script,
     offset_for,
@@ -225,3 +227,15 @@ def test_a_drained_offset_reads_nothing_more_and_ends_at_the_final_watermark() -
     after = offset_for(script, script.next_positions(drained["pos"]), drained, 0, 4)
     assert (after["pos"], after["wm"], after["done"]) == ({"ts": 2}, MAX_MICROS, True)
     assert runner_time(after).done
+
+
+@given(event=st.integers(MIN_MICROS, MAX_MICROS), processing=st.integers(MIN_MICROS, MAX_MICROS),
+       wm=st.integers(MIN_MICROS, MAX_MICROS), pt=st.integers(MIN_MICROS, MAX_MICROS))
+def test_pending_is_due_once_either_time_reaches_its_timer(
+        event: int, processing: int, wm: int, pt: int) -> None:
+    time = RunnerTime(watermark_before=MIN_MICROS, watermark=wm, processing_before=MIN_MICROS,
+                      processing=pt)
+    due = Pending(event=event, processing=processing).due(time)
+    assert due == (event <= wm or processing <= pt or wm >= MAX_MICROS)
+    assert EVERY_BATCH.due(time)
+    assert Pending().due(time) == (wm >= MAX_MICROS or pt >= MAX_MICROS)  # only at the end
