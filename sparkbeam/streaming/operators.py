@@ -134,7 +134,8 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
                 # Invariant: a waiting key has one Spark timer set, expiring next batch.
                 self.handle.registerTimer(now_ms + 1)
         if blob is None:
-            self.blob.clear()
+            if saved is not None:
+                self.blob.clear()
         elif pending is None:
             self.blob.update((blob, None, None, None))
         else:
