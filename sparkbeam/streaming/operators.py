@@ -80,8 +80,8 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
 
     Beside the blob the key keeps what it waits for (`script.Pending`). While it waits, one
     Spark timer a millisecond after the batch wakes it next batch; a woken key with nothing due
-    only sets the next one (its blob is neither read nor written). A key with both input and an
-    expired timer in a batch is run for its input and then passed over as woken."""
+    only sets the next one (its blob is neither decoded nor written). A key with both input and
+    an expired timer in a batch is run for its input and then passed over as woken."""
 
     def __init__(self, pickle_library: str, checkpoint: str, holds: tuple[str, ...] = ()
                  ) -> None:
