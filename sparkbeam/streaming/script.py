@@ -176,7 +176,7 @@ class Pending:
     """What a key waits for between micro-batches, kept beside its blob: its earliest
     event-time and processing-time timers and the earliest output time it holds, in micros
     (MAX_MICROS: none). A key woken by its Spark timer when nothing is due is passed over
-    without loading its blob; its hold still counts."""
+    without decoding its blob; its hold still counts."""
 
     event: int = MAX_MICROS
     processing: int = MAX_MICROS
