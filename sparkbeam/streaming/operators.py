@@ -99,7 +99,9 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         self.clock = OffsetLogClock(self.checkpoint)
         self.hold_store = HoldStore(self.checkpoint)
         self.batch = -1
-        self.hold = MAX_MICROS  # the earliest hold of the keys of this task's batch
+        # The earliest hold (pending output time, waiting element, residual restriction) of
+        # what this task ran in its batch; holding stages write it at close.
+        self.hold = MAX_MICROS
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802
         return self._step(bytes(key[0]), list(rows), timerValues, woken=False)
@@ -185,7 +187,6 @@ class GroupByKeyProcessor(_KeyedProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
         self.grouper = grouper(self.grouping, self.components)
-        self.hold = MAX_MICROS
 
     def close(self) -> None:
         if self.hold_label is not None:
@@ -237,7 +238,6 @@ class StatefulStageProcessor(_PerKeyStageProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
         self.key_stage = KeyStage(self.task.spec)
-        self.hold = MAX_MICROS  # earliest output timestamp of the pending timers seen
 
     def _take_infos(self) -> list[Any]:
         return self.key_stage.take_infos()
@@ -300,7 +300,6 @@ class SideInputStageProcessor(_KeyedProcessor):
         self.store = SideStore(self.checkpoint)
         self.ctx = ctx
         self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
-        self.hold = MAX_MICROS  # earliest element still waiting in this task
         self._filled: dict[tuple[int, int], set[Any]] = {}
 
     def close(self) -> None:
@@ -355,7 +354,6 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
         self.key_stage = SplittableKey(self.task.spec)
-        self.hold = MAX_MICROS
 
     def _take_infos(self) -> list[Any]:
         return self.key_stage.take_infos()

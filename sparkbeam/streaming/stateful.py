@@ -127,13 +127,16 @@ def _pending(timers: dict[Any, dict[Any, Any]], domains: dict[Any, int]) -> Pend
     hold = timer_hold(timers)
     if hold is None:
         return None
-    fires = {_EVENT_TIME: MAX_MICROS, None: MAX_MICROS}
+    event = processing = MAX_MICROS
     for family, pending in timers.items():
-        domain = _EVENT_TIME if domains[family] == _EVENT_TIME else None
         for timer in pending.values():
-            if timer.fire_timestamp is not None:
-                fires[domain] = min(fires[domain], timer.fire_timestamp.micros)
-    return Pending(event=fires[_EVENT_TIME], processing=fires[None], hold=hold)
+            if timer.fire_timestamp is None:
+                continue
+            if domains[family] == _EVENT_TIME:
+                event = min(event, timer.fire_timestamp.micros)
+            else:
+                processing = min(processing, timer.fire_timestamp.micros)
+    return Pending(event=event, processing=processing, hold=hold)
 
 
 def rows_by_input(rows: Iterator[tuple[int, bytes]]) -> dict[int, list[bytes]]:
