@@ -362,10 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_start = os.getloadavg()[0]
     chosen = [workloads.WORKLOADS[name] for name in args.workloads]
-    plan = [(wl, list(wl.sizes[args.scale])[: args.sizes]) for wl in chosen]
-    if args.size_index is not None:
-        plan = [(wl, list(wl.sizes[args.scale])[args.size_index:args.size_index + 1])
-                for wl in chosen]
+    picked = (slice(None, args.sizes) if args.size_index is None
+              else slice(args.size_index, args.size_index + 1))
+    plan = [(wl, list(wl.sizes[args.scale])[picked]) for wl in chosen]
     total = sum(len(sizes) for _, sizes in plan) * len(args.runners)
     print(
         f"sparkbeam bench: scale={args.scale}, {len(plan)} workloads x {len(args.runners)} "
