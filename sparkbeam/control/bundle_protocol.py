@@ -341,9 +341,10 @@ class BundleProtocol:
         return out
 
     def _split_wanted(self, event: SplitWanted, b: _Bundle) -> list[Instruction]:
-        if not 0.0 < event.fraction_of_remainder <= 1.0:
+        # 0 is a checkpoint: the SDK stops the element in progress where it is.
+        if not 0.0 <= event.fraction_of_remainder <= 1.0:
             raise ProtocolError(f"split of bundle {event.bundle_id} (state {b.state.value}): "
-                                f"fraction_of_remainder must be in (0, 1], got "
+                                f"fraction_of_remainder must be in [0, 1], got "
                                 f"{event.fraction_of_remainder}")
         estimate = event.estimated_elements
         desired = {t: (event.fraction_of_remainder, n if estimate is None else estimate)

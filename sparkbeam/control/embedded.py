@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,42 @@ class ElementStream(data_plane.ClosableOutputStream):
         self.maybe_flush()
 
 
+@dataclass
+class OutputCap:
+    """A budget on what one bundle outputs: when its elements reach `items` or `bytes`,
+    `on_reached` runs once, in the bundle's thread, between two elements (no SDK lock is held
+    there, so it may ask the SDK to checkpoint the element in progress)."""
+
+    items: int
+    bytes: int
+    on_reached: Callable[[], None]
+    taken_items: int = 0
+    taken_bytes: int = 0
+    reached: bool = False
+
+    def count(self, size: int) -> None:
+        self.taken_items += 1
+        self.taken_bytes += size
+        if not self.reached and (self.taken_items >= self.items or self.taken_bytes >= self.bytes):
+            self.reached = True
+            self.on_reached()
+
+
+class CappedElementStream(ElementStream):
+    """An `ElementStream` that counts each element against an `OutputCap`."""
+
+    def __init__(self, sink: list[tuple[str, bytes]], transform_id: str, cap: OutputCap) -> None:
+        super().__init__(sink, transform_id)
+        self._cap = cap
+
+    def maybe_flush(self) -> None:
+        if self.size():
+            data = self.get()
+            self._sink.append((self._transform_id, data))
+            self._clear()
+            self._cap.count(len(data))
+
+
 class EmbeddedChannel(data_plane.DataChannel):
     """The data plane between a task and its bundle processor, one bundle at a time."""
 
@@ -68,6 +104,7 @@ class EmbeddedChannel(data_plane.DataChannel):
         self._inputs: Iterable[Any] = ()
         self.outputs: list[tuple[str, bytes]] = []
         self.timers: dict[tuple[str, str], list[bytes]] = collections.defaultdict(list)
+        self.cap: OutputCap | None = None  # set for one bundle by the caller, if it budgets it
 
     def start_bundle(self, inputs: Iterable[Any]) -> None:
         self._inputs = inputs
@@ -81,6 +118,8 @@ class EmbeddedChannel(data_plane.DataChannel):
         self._inputs = ()
 
     def output_stream(self, instruction_id: str, transform_id: str) -> ElementStream:
+        if self.cap is not None:
+            return CappedElementStream(self.outputs, transform_id, self.cap)
         return ElementStream(self.outputs, transform_id)
 
     def output_timer_stream(

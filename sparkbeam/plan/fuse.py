@@ -3,7 +3,9 @@
 We run FnApiRunner's phase list plus `annotate_stateful_dofns_as_roots`: FnApiRunner fuses
 stateful DoFns into their producers because it runs them on one worker with one global state
 store; once keys are spread over Spark tasks, a stateful DoFn must start a stage so its input can
-be partitioned by key.
+be partitioned by key. In streaming, what a splittable DoFn outputs also starts a stage
+(`_consumers_of_sdfs_as_roots`): a read's output then leaves its stage as elements the runner
+counts, so the work budget can stop the read at its share (`streaming/splittable.py`).
 """
 from __future__ import annotations
 
@@ -59,6 +61,31 @@ PHASES = [
 ]
 
 
+def _consumers_of_sdfs_as_roots(
+    stages: Iterable[translations.Stage], context: Any
+) -> Iterable[translations.Stage]:
+    """Stages reading what a splittable DoFn's Process outputs are not fused into it."""
+    stages = list(stages)
+    outputs = {
+        pcoll
+        for stage in stages
+        for t in stage.transforms
+        if t.spec.urn == urns.SPLITTABLE_PROCESS
+        for pcoll in t.outputs.values()
+    }
+    for stage in stages:
+        if any(pcoll in outputs for t in stage.transforms for pcoll in t.inputs.values()):
+            stage.forced_root = True
+        yield stage
+
+
+STREAMING_PHASES = [
+    *PHASES[:PHASES.index(translations.greedily_fuse)],
+    _consumers_of_sdfs_as_roots,
+    *PHASES[PHASES.index(translations.greedily_fuse):],
+]
+
+
 def plan_pipeline(
     proto: beam_runner_api_pb2.Pipeline,
     *,
@@ -70,7 +97,7 @@ def plan_pipeline(
     try:
         context, stages = translations.create_and_optimize_stages(
             copy.deepcopy(proto),
-            phases=PHASES,
+            phases=STREAMING_PHASES if streaming else PHASES,
             known_runner_urns=frozenset(
                 [urns.FLATTEN, urns.GROUP_BY_KEY] + ([urns.TEST_STREAM] if streaming else [])
             ),

@@ -2,8 +2,11 @@
 
 `latestOffset` plans the next micro-batch from the script (`script.py`): each endpoint's next
 items, and the runner's watermark and processing time before and after them, all in the offset
-Spark logs. Once the job's drain marker exists, offsets stop advancing and carry the final
-watermark (`script.offset_for`). Every call returns a new offset (its `tick` grows), so batches
+Spark logs. Under a work budget the endpoints are the script's and the splittable stages'
+spread keys (`splittable.py`): those run in `transformWithState`, so their share of the batch
+(what their bundles may output) is recorded in the offset for them to read. Once the job's
+drain marker exists, offsets stop advancing and carry the final watermark
+(`script.offset_for`). Every call returns a new offset (its `tick` grows), so batches
 keep coming while the query runs: keys holding Beam timers are woken each batch even when no
 data arrives.
 """
@@ -40,18 +43,21 @@ class EndpointItems(InputPartition):  # type: ignore[misc]
 
 class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def __init__(self, script: Script, drain_marker: str = "",
-                 budget: WorkBudget | None = None) -> None:
+                 budget: WorkBudget | None = None, splittable: tuple[str, ...] = ()) -> None:
         self.script = script
         self.drain_marker = drain_marker  # once this file exists, the job drains
         self.budget = budget
+        self.splittable = splittable  # endpoints of splittable stages: one per spread key
         self.admission = BatchAdmission(budget) if budget is not None else None
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to run `read` on executors: they need the script only.
-        return {"script": self.script, "drain_marker": self.drain_marker, "budget": self.budget}
+        return {"script": self.script, "drain_marker": self.drain_marker, "budget": self.budget,
+                "splittable": self.splittable}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["script"], state["drain_marker"], state["budget"])  # type: ignore[misc]
+        self.__init__(state["script"], state["drain_marker"], state["budget"],  # type: ignore[misc]
+                      state["splittable"])
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's name
         return offset_for(self.script, {}, {}, _now_micros(), 0) | {"done": False}
@@ -74,9 +80,12 @@ class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         """Cuts each endpoint's next items to what the work budget admits (`admission.py`):
         a row costs one item and its key and value bytes; an item without rows (a watermark or
         processing-time event) costs nothing, so it is read as soon as the rows before it are.
-        Returns the positions and what the offset records: the items and bytes admitted, and
-        each endpoint's throttle milliseconds so far."""
-        assert self.admission is not None
+        A splittable endpoint's backlog is not known here: it asks for the whole budget and
+        gets what the script's endpoints leave of a fair split (`batch_limit`); it is in
+        flight until the next batch is planned, like the rest.
+        Returns the positions and what the offset records: the items and bytes admitted, each
+        endpoint's throttle milliseconds so far, and the splittable endpoints' shares."""
+        assert self.admission is not None and self.budget is not None
         now = time.monotonic()
         costs = {
             name: self.script.endpoint(name).costs(int(begin.get(name, 0)), end)
@@ -87,7 +96,9 @@ class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                              sum(c for c in unit_costs if c is not None))
             for name, unit_costs in costs.items()
         }
+        wanted.update((name, self.budget) for name in self.splittable)
         grant = self.admission.grant(wanted, now)
+        shares = {name: grant.budgets.get(name, WorkBudget.zero()) for name in self.splittable}
         positions = {name: int(begin.get(name, 0)) for name in ends}
         taken: dict[str, WorkBudget] = {}
         for name, unit_costs in costs.items():
@@ -108,10 +119,16 @@ class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                 if first is not None:
                     positions[name] += 1
                     taken[name] = WorkBudget(1, first)
+                    shares = dict.fromkeys(shares, WorkBudget.zero())
                     break
+        for name, share in shares.items():
+            # What a spread key does not use of its share is not known here; it is not throttled
+            # here either (it counts its own throttle time, `splittable.py`).
+            self.admission.taken(name, share, share, now)
         for name, amount in taken.items():
             self.admission.taken(name, amount, wanted[name], now)
         return positions, {
+            "sdf": {name: [share.items, share.bytes] for name, share in sorted(shares.items())},
             "admitted": {"items": sum(t.items for t in taken.values()),
                          "bytes": sum(t.bytes for t in taken.values())},
             "throttle": {
@@ -155,8 +172,10 @@ class BeamSource(DataSource):  # type: ignore[misc]
         if items or size:
             budget = WorkBudget(int(items) if items else _UNLIMITED,
                                 int(size) if size else _UNLIMITED)
+        splittable = self.options.get("splittable_endpoints", "")
         return BeamStreamReader(pickle.loads(base64.b64decode(self.options["script"])),
-                                self.options.get("drain_marker", ""), budget)
+                                self.options.get("drain_marker", ""), budget,
+                                tuple(splittable.split(",")) if splittable else ())
 
 
 def encode(script: Script) -> str:

@@ -34,6 +34,10 @@ from sparkbeam.errors import SparkBeamError
 
 _LOG = logging.getLogger(__name__)
 
+# Throttle time is reported as this user counter of the transform whose endpoint was held back.
+THROTTLE_NAMESPACE = "sparkbeam.streaming"
+THROTTLE_COUNTER = "throttling-msecs"
+
 
 @dataclass(frozen=True, order=False)
 class WorkBudget:

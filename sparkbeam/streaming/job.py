@@ -12,11 +12,9 @@ from apache_beam.portability.api import metrics_pb2
 from sparkbeam.control.metrics_channel import MetricsCollector
 from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.model import Plan
+from sparkbeam.streaming.budget import THROTTLE_COUNTER, THROTTLE_NAMESPACE
 from sparkbeam.streaming.plan import streaming_plan
 from sparkbeam.streaming.query import StreamingQueryRun, StreamingSettings
-
-THROTTLE_NAMESPACE = "sparkbeam.streaming"
-THROTTLE_COUNTER = "throttling-msecs"
 
 
 def run_streaming(

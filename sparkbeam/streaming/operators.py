@@ -41,7 +41,7 @@ from sparkbeam.streaming.sides import (
     write_hold,
     write_side_file,
 )
-from sparkbeam.streaming.splittable import SplittableKey
+from sparkbeam.streaming.splittable import SplittableKey, spread_endpoint
 from sparkbeam.streaming.stateful import KeyStage, rows_by_input
 
 ROW_SCHEMA = "tag int, key binary, value binary"
@@ -366,7 +366,8 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
                  ) -> tuple[list[Row], bytes | None, Pending | None]:
         inputs = rows_by_input((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         try:
-            out, blob, hold = self.key_stage.step(blob, inputs, time, time.drained)
+            budget = time.budget_of(spread_endpoint(self.task.spec.stage.label, key))
+            out, blob, hold = self.key_stage.step(blob, inputs, time, time.drained, budget)
         except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
             self.failed = True
             raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None

@@ -38,6 +38,7 @@ from sparkbeam.streaming.operators import (
 from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
 from sparkbeam.streaming.sides import HoldStore, side_path
+from sparkbeam.streaming.splittable import spread_endpoints
 
 _LOG = logging.getLogger(__name__)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -67,6 +68,10 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     for name in ("max_items_per_batch", "max_bytes_per_batch"):
         if getattr(settings, name):
             reader = reader.option(name, str(getattr(settings, name)))
+    splittable = [e for s in splan.stages if s.splittable
+                  for e in spread_endpoints(s.label, settings.partitions or 2)]
+    if splittable:
+        reader = reader.option("splittable_endpoints", ",".join(splittable))
     source = reader.load()
     plan = splan.plan
     producers: dict[int, list[DataFrame]] = {}

@@ -169,6 +169,17 @@ class RunnerTime:
     processing: int
     done: bool = False  # every endpoint is exhausted and the watermark is final
     drained: bool = False  # the job was drained: restrictions are truncated
+    # Under a work budget: the (items, bytes) each splittable endpoint may output this batch.
+    budgets: tuple[tuple[str, int, int], ...] = ()
+
+    def budget_of(self, endpoint: str) -> tuple[int, int] | None:
+        """The share of a splittable endpoint this batch; None when the job has no budget."""
+        if not self.budgets:
+            return None
+        for name, items, size in self.budgets:
+            if name == endpoint:
+                return items, size
+        return 0, 0
 
 
 @dataclass(frozen=True)
@@ -232,4 +243,6 @@ def runner_time(offset: dict) -> RunnerTime:
         processing=int(offset["pt"]),
         done=bool(offset.get("done", False)),
         drained=bool(offset.get("drained", False)),
+        budgets=tuple((name, int(items), int(size))
+                      for name, (items, size) in sorted(offset.get("sdf", {}).items())),
     )

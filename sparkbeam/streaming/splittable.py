@@ -10,18 +10,35 @@ the watermark they report (their watermark estimator's) is the stage's hold, so 
 downstream sees the source watermark move only as the restrictions make progress. A drained job
 truncates its restrictions: their residuals are dropped (Beam's default truncation of an
 unbounded restriction).
+
+Under a work budget each spread key is an endpoint of the source (`beam_source.py`) with a
+share per micro-batch (items, bytes of the stage's output). Its restrictions then run one per
+bundle, and when a bundle's output reaches what is left of the share the runner checkpoints the
+restriction in progress (a split at fraction 0, `embedded.OutputCap`): the SDK stops it after
+the element just output and hands back the rest as a residual, due the next batch. Restrictions
+not started for want of budget wait the same way; an unstarted restriction holds the watermark
+at its start. A key stopped by the budget counts the time to its next batch as throttle time.
 """
 from __future__ import annotations
 
 import pickle
 from typing import Any
 
+from apache_beam.metrics import monitoring_infos
 from apache_beam.portability.api import beam_fn_api_pb2
 
-from sparkbeam.control.embedded import WORKERS
+from sparkbeam.control.embedded import WORKERS, EmbeddedWorker, OutputCap
 from sparkbeam.execute.stage_task import OutRow, TaskSpec, _StageDriver
 from sparkbeam.metrics import merge_infos
+from sparkbeam.urns import SPLITTABLE_PROCESS
+from sparkbeam.streaming.budget import THROTTLE_COUNTER, THROTTLE_NAMESPACE
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, RunnerTime
+
+
+# A restriction waiting in the key's state: (not before, stage input, element, watermark), in
+# micros; the element is what the stage input reads (element, restriction, size, estimator).
+Entry = tuple[int, int, bytes, int]
+Work = tuple[int, bytes, int]  # (stage input, element, watermark) to run now
 
 
 def residual_watermark(app: beam_fn_api_pb2.BundleApplication) -> int:
@@ -36,38 +53,117 @@ class SplittableKey:
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
         self.infos: list[Any] = []
+        self.throttle_micros = 0  # of the keys this task ran, since the last `take_infos`
+        self.step_name = process_step(
+            beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.stage.descriptor))
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime,
-             drained: bool) -> tuple[list[OutRow], bytes | None, int]:
+             drained: bool, budget: tuple[int, int] | None = None
+             ) -> tuple[list[OutRow], bytes | None, int]:
         """(output rows, the key's new blob or None, its hold: the earliest watermark of its
-        pending residuals, MAX_MICROS when none are left)."""
-        pending: list[tuple[int, bytes]] = pickle.loads(blob) if blob else []
-        out: list[OutRow] = []
+        pending restrictions, MAX_MICROS when none are left). `budget`: the (items, bytes) the
+        key's bundles may output this batch; None runs everything due in one bundle."""
+        entries, throttled = _load(blob)
+        if throttled:
+            self.throttle_micros += max(0, time.processing - time.processing_before)
+        due = sorted(e for e in entries if e[0] <= time.processing)
+        later = [e for e in entries if e[0] > time.processing]
+        work: list[Work] = [(n, element, mark) for _, n, element, mark in due]
+        work += [(n, element, MIN_MICROS) for n in sorted(inputs) for element in inputs[n]]
+        left: list[Work] = []
+        stopped = False
         with WORKERS.lease(self.spec.stage.descriptor) as worker:
             driver = _StageDriver(self.spec, worker)
             try:
-                if any(inputs.values()):
-                    out.extend(driver._run_chunks(inputs))
-                due = [p for p in pending if p[0] <= time.processing]
-                pending = [p for p in pending if p[0] > time.processing]
-                chunks: dict[int, list[bytes]] = {}
-                for _, encoded in due:
-                    app = beam_fn_api_pb2.BundleApplication.FromString(encoded)
-                    chunks.setdefault(driver.route(app), []).append(app.element)
-                if chunks:
-                    out.extend(driver._run_chunks(chunks))
+                if budget is None:
+                    out = self._run_all(driver, work)
+                else:
+                    out, left, stopped = self._run_budgeted(driver, worker, work, budget)
             finally:
                 self.infos.extend(driver.infos)
-            for not_before, _, app in driver._residuals:
-                pending.append((int(not_before * 1_000_000), app.SerializeToString()))
-        if drained or not pending:
+            later += [(MIN_MICROS, n, element, mark) for n, element, mark in left]
+            later += [(int(not_before * 1_000_000), driver.route(app), app.element,
+                       residual_watermark(app))
+                      for not_before, _, app in driver._residuals]
+        if drained or not later:
             return out, None, MAX_MICROS
-        hold = min(
-            residual_watermark(beam_fn_api_pb2.BundleApplication.FromString(encoded))
-            for _, encoded in pending
-        )
-        return out, pickle.dumps(sorted(pending), protocol=5), hold
+        hold = min(entry[3] for entry in later)
+        return out, pickle.dumps((sorted(later), stopped), protocol=5), hold
+
+    @staticmethod
+    def _run_all(driver: _StageDriver, work: list[Work]) -> list[OutRow]:
+        chunks: dict[int, list[bytes]] = {}
+        for n, element, _ in work:
+            chunks.setdefault(n, []).append(element)
+        return list(driver._run_chunks(chunks)) if chunks else []
+
+    def _run_budgeted(self, driver: _StageDriver, worker: EmbeddedWorker, work: list[Work],
+                      budget: tuple[int, int]) -> tuple[list[OutRow], list[Work], bool]:
+        """Runs `work` one restriction per bundle until the budget is spent; (rows, the work
+        not started, whether the budget stopped the key)."""
+        items, size = budget
+        out: list[OutRow] = []
+        for i, (n, element, mark) in enumerate(work):
+            if items <= 0 or size <= 0:
+                return out, work[i:], True
+            resent: list[Work] = []
+
+            def checkpoint(n: int = n, element: bytes = element, mark: int = mark,
+                           resent: list[Work] = resent) -> None:
+                outcome = worker.split(0.0)
+                if outcome is None:
+                    return  # not splittable here: the restriction runs on past its share
+                for reschedule in outcome.reschedules:
+                    app = reschedule.application
+                    resent.append((driver.route(app), app.element, residual_watermark(app)))
+                for resend in outcome.resends:  # the element itself was not started
+                    resent.extend((n, e, mark)
+                                  for e in [element][resend.first_element:resend.last_element + 1])
+
+            cap = OutputCap(items, size, checkpoint)
+            worker.channel.cap = cap
+            try:
+                out.extend(driver._run_chunks({n: [element]}))
+            finally:
+                worker.channel.cap = None
+            items, size = items - cap.taken_items, size - cap.taken_bytes
+            if resent:
+                return out, resent + work[i + 1:], True
+        return out, [], False
 
     def take_infos(self) -> list[Any]:
+        """The infos of the bundles run since the last call, with the throttle time of the keys
+        the budget stopped as the counter `sparkbeam.streaming:throttling-msecs` of the
+        splittable DoFn."""
         infos, self.infos = merge_infos(self.infos), []
+        if self.throttle_micros:
+            infos.append(monitoring_infos.int64_user_counter(
+                THROTTLE_NAMESPACE, THROTTLE_COUNTER, self.throttle_micros // 1000,
+                ptransform=self.step_name))
+            self.throttle_micros = 0
         return infos
+
+
+def spread_endpoint(label: str, key: bytes) -> str:
+    """The budget's endpoint for one spread key of a splittable stage."""
+    return f"{label}/{key.decode()}"
+
+
+def spread_endpoints(label: str, partitions: int) -> tuple[str, ...]:
+    """Every spread key's endpoint (the keys are the element hash modulo `partitions`)."""
+    return tuple(spread_endpoint(label, str(k).encode()) for k in range(partitions))
+
+
+def _load(blob: bytes | None) -> tuple[list[Entry], bool]:
+    if not blob:
+        return [], False
+    entries, stopped = pickle.loads(blob)
+    return list(entries), bool(stopped)
+
+
+def process_step(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor) -> str:
+    """The user-facing name of the splittable DoFn a stage runs (its Process transform)."""
+    for transform in descriptor.transforms.values():
+        if transform.spec.urn == SPLITTABLE_PROCESS:
+            return transform.unique_name.removesuffix("/Process")
+    return descriptor.id

@@ -159,6 +159,45 @@ def test_work_budget_bounds_every_micro_batch_and_reports_throttle_time(tmp_path
     assert sum(c.committed for c in throttled) > 0
 
 
+def _tick_in_batch(tick: float, start: int) -> tuple[float, int]:
+    """(seconds since start, the micro-batch the tick was output in)."""
+    from pyspark import TaskContext
+
+    return float(tick) - start, int(TaskContext.get().getLocalProperty("streaming.sql.batchId"))
+
+
+def test_work_budget_checkpoints_splittable_reads(tmp_path) -> None:
+    """A PeriodicImpulse 200 s behind (400 ticks due at once) under --max_items_per_batch=50:
+    the budget's shares go to the splittable stage's spread keys, whose bundles are
+    checkpointed (a runner-initiated split) when their output reaches the share. No micro-batch
+    outputs more than 50 ticks, every tick is output once and in order, and the time the
+    budget held the read back is its throttle counter."""
+    start = math.floor(time.time()) - 200
+    directory = tempfile.mkdtemp(prefix="sparkbeam-stream-out-")
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2", "--max_items_per_batch=50"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    _ = (p | "Ticks" >> PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 200,
+                                        fire_interval=0.5)
+         | beam.Map(_tick_in_batch, start) | beam.ParDo(WriteLines(directory)))
+    result = p.run()
+    assert result.wait_until_finish(240_000) == PipelineState.DONE
+    outputs = [eval(line) for line in read_lines(directory)]  # noqa: S307 - ours
+    ticks = sorted(tick for tick, _ in outputs)
+    assert ticks == [i / 2 for i in range(400)]
+    per_batch: dict[int, list[float]] = {}
+    for tick, batch in outputs:
+        per_batch.setdefault(batch, []).append(tick)
+    assert max(len(t) for t in per_batch.values()) <= 50, {b: len(t) for b, t in per_batch.items()}
+    assert len(per_batch) >= 8
+    batches = sorted(per_batch)
+    for earlier, later in zip(batches, batches[1:], strict=False):
+        assert max(per_batch[earlier]) < min(per_batch[later])  # a checkpoint resumes in order
+    throttled = result.metrics().query(MetricsFilter().with_name("throttling-msecs"))["counters"]
+    assert [c.key.step for c in throttled if c.committed] == ["Ticks/GenSequence"], throttled
+    assert sum(c.committed for c in throttled) > 0
+
+
 def test_processing_time_timer_holds_the_windows_downstream(tmp_path) -> None:
     """Timers' output timestamps hold the watermark of the stages downstream: the sums a
     processing-time timer releases after the watermark passed their window are on time."""
@@ -290,7 +329,8 @@ def test_updating_side_input_is_seen_from_the_batch_after_it_updates(tmp_path) -
             | "Since" >> beam.Map(lambda t: float(t) - start))
     _ = (p | "Main" >> PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 3600,
                                        fire_interval=1.0)
-         | beam.Reshuffle()  # else Look is fused into the read: reported at Prepare
+         # Look starts a stage of its own (a read's consumers are not fused into it in
+         # streaming), so it may read the side input.
          | "Look" >> beam.Map(lambda t, seen: (float(t) - start, len(seen), max(seen)),
                               seen=beam.pvalue.AsList(side))
          | beam.ParDo(WriteLines(directory)))

@@ -220,9 +220,13 @@ def test_late_split_after_success(machine: BundleProtocol) -> None:
 
 def test_split_fraction_must_be_in_range(machine: BundleProtocol) -> None:
     run(machine, fed("b1"))
-    for fraction in (0.0, -0.5, 1.5):
-        with pytest.raises(ProtocolError, match=r"bundle b1 .*must be in \(0, 1\]"):
+    for fraction in (-0.01, -0.5, 1.5):
+        with pytest.raises(ProtocolError, match=r"bundle b1 .*must be in \[0, 1\]"):
             machine.handle(SplitWanted("b1", fraction, now=1))
+    # 0 is a checkpoint (stop the element in progress where it is), as Beam's protocol allows.
+    checkpoint = machine.handle(SplitWanted("b1", 0.0, now=1))
+    assert [type(i) for i in checkpoint] == [RequestSplit]
+    assert checkpoint[0].to_proto().desired_splits[T].fraction_of_remainder == 0.0
 
 
 # ---- progress -----------------------------------------------------------------------------------

@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from sparkbeam.streaming.admission import BatchAdmission
 from sparkbeam.streaming.beam_source import BeamStreamReader
 from sparkbeam.streaming.budget import WorkBudget
-from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Endpoint, Item, Script
+from sparkbeam.streaming.script import (
+    MAX_MICROS,
+    MIN_MICROS,
+    Endpoint,
+    Item,
+    Script,
+    runner_time,
+)
 
 UNLIMITED = 1 << 40
 
@@ -84,13 +91,15 @@ def test_cut_endpoints_are_throttled_until_topped_up() -> None:
              min_size=1, max_size=4),
     st.integers(1, 40),
     st.integers(1, 400),
+    st.integers(0, 3),
 )
 def test_budget_bounds_every_batch_and_loses_nothing(
-    shapes: list[list[int | None]], max_items: int, max_bytes: int
+    shapes: list[list[int | None]], max_items: int, max_bytes: int, spread_keys: int
 ) -> None:
-    """Any endpoints (element events of 0-30 rows, watermark events as None), any budget: each
-    batch stays within both dimensions (or is one row larger than the byte budget), every row
-    is read exactly once in order, and the watermark never passes an event not fully read."""
+    """Any endpoints (element events of 0-30 rows, watermark events as None), 0-3 splittable
+    spread keys, any budget: each batch's rows and splittable shares together stay within both
+    dimensions (or the batch is one row larger than the byte budget), every row is read
+    exactly once in order, and the watermark never passes an event not fully read."""
     endpoints = []
     for e, shape in enumerate(shapes):
         wm = 0
@@ -103,14 +112,38 @@ def test_budget_bounds_every_batch_and_loses_nothing(
                 items.append(Item(rows=rows(e, n)))
         endpoints.append(Endpoint(f"ts{e}", tuple(items)))
     script = Script(tuple(endpoints))
-    reader = BeamStreamReader(script, budget=WorkBudget(max_items, max_bytes))
+    splittable = tuple(f"stage-001/{k}" for k in range(spread_keys))
+    reader = BeamStreamReader(script, budget=WorkBudget(max_items, max_bytes),
+                              splittable=splittable)
     batches = run_batches(reader, limit=5_000)
-    for _, read in batches:
+    for end, read in batches:
         size = sum(len(r[2]) for r in read)
-        assert len(read) <= max_items
-        assert size <= max_bytes or len(read) == 1
+        shares = [runner_time(end).budget_of(name) for name in splittable]
+        assert all(share is not None for share in shares)
+        assert len(read) + sum(share[0] for share in shares if share) <= max_items
+        assert size + sum(share[1] for share in shares if share) <= max_bytes or len(read) == 1
     for e, endpoint in enumerate(endpoints):
         expected = [r for item in endpoint.items for r in item.rows]
         assert [r for _, read in batches for r in read if r[0] == e] == expected
     for end, _ in batches:
         assert end["wm"] == script.watermark(end["pos"])
+
+
+def test_splittable_spread_keys_share_what_the_script_leaves() -> None:
+    """A splittable stage's spread keys want the whole budget: each batch they get what a fair
+    split of the endpoints' shares gives them (set afresh every batch, never more than the
+    total with the rows read), and read it from the offset."""
+    endpoints = (Endpoint("ts", (Item(rows=rows(0, 4)), Item(watermark=MAX_MICROS))),)
+    reader = BeamStreamReader(Script(endpoints), budget=WorkBudget(10, 1000),
+                              splittable=("stage-001/0", "stage-001/1"))
+    offsets = [reader.initialOffset()]
+    for _ in range(3):
+        offsets.append(reader.latestOffset(offsets[-1], None))
+    assert [(o["pos"]["ts"], o["admitted"]["items"], o["sdf"]) for o in offsets[1:]] == [
+        (3, 3, {"stage-001/0": [4, 334], "stage-001/1": [3, 334]}),  # ten items: 4 + 3 + 3
+        (5, 1, {"stage-001/0": [4, 334], "stage-001/1": [4, 334]}),  # shares of ceil(10 / 3)
+        (5, 0, {"stage-001/0": [5, 500], "stage-001/1": [5, 500]}),  # ts is done: two left
+    ]
+    assert runner_time(offsets[2]).budget_of("stage-001/1") == (4, 334)
+    assert runner_time(offsets[2]).budget_of("stage-002/0") == (0, 0)  # not an endpoint
+    assert runner_time({"wm0": 0, "wm": 0, "pt0": 0, "pt": 0}).budget_of("stage-001/0") is None
