@@ -92,10 +92,38 @@ def earliest_hold(state: trigger.InMemoryUnmergedState) -> int:
     return MAX_MICROS if hold >= MAX_TIMESTAMP else int(hold.micros)
 
 
+# (tag name, id of its CombineFn) -> (that CombineFn, the twin): sub-triggers make prefixed
+# copies of their tags per call, with the same name and CombineFn each time.
+_TWINS: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+
+def _memoized_without_extraction(tag: Any) -> Any:
+    key = (tag.tag, id(tag.combine_fn))
+    found = _TWINS.get(key)
+    if found is None or found[0] is not tag.combine_fn:
+        if len(_TWINS) > 4096:
+            _TWINS.clear()
+        found = _TWINS[key] = (tag.combine_fn, _WITHOUT_EXTRACTION(tag))
+    return found[1]
+
+
+_WITHOUT_EXTRACTION = trigger._CombiningValueStateTag.without_extraction
+
+
+def memoize_without_extraction() -> None:
+    """Beam's `MergeableStateAdapter` asks a combining state tag (AfterCount's count, the pane
+    index) for its non-extracting twin on every read and write of it, and the tag builds a new
+    CombineFn class each time: a quarter of a key's time in this GroupByKey. The twin depends
+    on the tag's name and CombineFn alone, so here it is made once per pair."""
+    trigger._CombiningValueStateTag.without_extraction = (  # type: ignore[method-assign]
+        _memoized_without_extraction)
+
+
 class KeyGrouper:
     """Everything to group one key's values of one GroupByKey; built once per process."""
 
     def __init__(self, grouping: Grouping, components: bytes) -> None:
+        memoize_without_extraction()
         ctx = worker_context.pipeline_context(components)
         pre = ctx.coders[grouping.input_coder_id]
         self._pre = pre.get_impl()
@@ -123,9 +151,11 @@ class KeyGrouper:
         then the timers the batch's watermark and processing time allow fire."""
         out: list[bytes] = []
         decoded_key: list[Any] = []
-        before = to_timestamp(watermark_before)
-        self.clock.now = to_timestamp(processing_before)
-        self._fire(key, decoded_key, state, before, to_timestamp(processing_before), out)
+        before, after = to_timestamp(watermark_before), to_timestamp(watermark)
+        processing_at_start = to_timestamp(processing_before)
+        processing_at_end = to_timestamp(processing)
+        self.clock.now = processing_at_start
+        self._fire(key, decoded_key, state, before, processing_at_start, out)
         values = []
         for data in elements:
             wv = self._pre.decode_nested(data)
@@ -133,10 +163,9 @@ class KeyGrouper:
         if values:
             for pane in self.driver.process_elements(state, values, before, before):
                 out.append(self._encode(key, decoded_key, pane))
-        self.clock.now = to_timestamp(processing)
-        self._fire(key, decoded_key, state, to_timestamp(watermark), to_timestamp(processing),
-                   out)
-        self._collect_garbage(state, to_timestamp(watermark))
+        self.clock.now = processing_at_end
+        self._fire(key, decoded_key, state, after, processing_at_end, out)
+        self._collect_garbage(state, after)
         return out
 
     def _collect_garbage(self, state: trigger.InMemoryUnmergedState, watermark: Timestamp) -> None:

@@ -83,9 +83,9 @@ def side_problems(stage: Stage) -> list[Unsupported]:
                                  "not built yet in the streaming engine"))
     if stage.splittable:
         found.append(Unsupported(
-            "side inputs read in the stage of a splittable DoFn in streaming", where,
-            "its elements cannot wait for the side input inside the read; put a "
-            "beam.Reshuffle() between the read and the transform that reads the side input"))
+            "side inputs read by a splittable DoFn in streaming", where,
+            "its elements cannot wait for the side input inside the read; read the side "
+            "input in a transform after the read (its consumers start a stage of their own)"))
     for use in stage.side_inputs:
         spec = side_input_proto(stage, use).window_mapping_fn
         if spec.urn != python_urns.PICKLED_WINDOW_MAPPING_FN:

@@ -16,7 +16,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.coders import VarIntCoder
 from apache_beam.transforms import trigger, userstate
 from apache_beam.transforms import window
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.io.unbounded_source import ReadFromUnboundedSource, UnboundedCountingSource
+from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
 from sparkbeam import SparkRunner
@@ -66,9 +68,27 @@ def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> Non
             count.add(1)
             yield kv[0], count.read() + len(side)
 
+    class CountTo(beam.DoFn, RestrictionProvider):
+        def initial_restriction(self, n):
+            return OffsetRange(0, n)
+
+        def create_tracker(self, restriction):
+            return OffsetRestrictionTracker(restriction)
+
+        def restriction_size(self, n, restriction):
+            return restriction.size()
+
+        def process(self, n, side, tracker=beam.DoFn.RestrictionParam()):
+            position = tracker.current_restriction().start
+            while tracker.try_claim(position):
+                yield position + len(side)
+                position += 1
+
     def build(p):
         # Key/value side elements: Beam's translation may take the side input for the main one.
         side = p | "Side" >> beam.Create([("x", 1)])
+        _ = (p | "Sizes" >> beam.Create([3])
+             | "ReadWithSide" >> beam.ParDo(CountTo(), beam.pvalue.AsList(side)))
         return (p | events(("add", [("a", 1, 1)]))
                 | "WithSide" >> beam.ParDo(CountWithSide(), beam.pvalue.AsList(side)))
 
@@ -78,7 +98,10 @@ def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> Non
     assert "streaming without --checkpoint_dir in the pipeline options" in text
     assert re.search(
         r"side inputs of a stateful DoFn in streaming in stage-\d+ \[.*WithSide", text), text
-    assert len(info.value.features) == 2
+    assert re.search(r"side inputs read by a splittable DoFn in streaming in stage-\d+ "
+                     r"\[.*ReadWithSide.*read the side input in a transform after the read",
+                     text), text
+    assert len(info.value.features) == 3
 
 
 def test_user_error_in_a_streaming_stage_names_the_transform(tmp_path) -> None:

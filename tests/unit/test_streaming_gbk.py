@@ -325,3 +325,21 @@ def test_pending_processing_time_timer_is_due_at_its_processing_time() -> None:
 
 def test_pending_keeps_a_hold_without_timers() -> None:
     assert pending_of(load_state(None), hold=7) == Pending(hold=7)
+
+
+def test_combining_tags_make_their_non_extracting_twin_once() -> None:
+    """Beam's MergeableStateAdapter asks for a combining tag's twin on every state access; once
+    memoized, the same tag name and CombineFn give the same twin (a prefixed copy too), and the
+    twin still accumulates without extracting."""
+    from sparkbeam.streaming.gbk import memoize_without_extraction
+
+    memoize_without_extraction()
+    tag = trigger.AfterCount.COUNT_TAG
+    twin = tag.without_extraction()
+    assert tag.without_extraction() is twin
+    assert tag.with_prefix("p-").without_extraction() is tag.with_prefix("p-").without_extraction()
+    assert tag.with_prefix("p-").without_extraction() is not twin
+    fn = twin.combine_fn
+    assert fn.extract_output(fn.add_input(fn.create_accumulator(), 1)) == 1
+    other = trigger._CombiningValueStateTag("count", sum)  # same name, another CombineFn
+    assert other.without_extraction() is not twin
