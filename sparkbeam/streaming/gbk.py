@@ -92,6 +92,7 @@ def earliest_hold(state: trigger.InMemoryUnmergedState) -> int:
     return MAX_MICROS if hold >= MAX_TIMESTAMP else int(hold.micros)
 
 
+_WITHOUT_EXTRACTION = trigger._CombiningValueStateTag.without_extraction
 # (tag name, id of its CombineFn) -> (that CombineFn, the twin): sub-triggers make prefixed
 # copies of their tags per call, with the same name and CombineFn each time.
 _TWINS: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -105,9 +106,6 @@ def _memoized_without_extraction(tag: Any) -> Any:
             _TWINS.clear()
         found = _TWINS[key] = (tag.combine_fn, _WITHOUT_EXTRACTION(tag))
     return found[1]
-
-
-_WITHOUT_EXTRACTION = trigger._CombiningValueStateTag.without_extraction
 
 
 def memoize_without_extraction() -> None:
