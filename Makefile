@@ -36,7 +36,8 @@ test-integration: $(STAMP)
 test-conformance: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" tests/conformance
 
-# The kill -9 restart test and the portable suite's wall-clock timer tests (~4 min).
+# The kill -9 restart test, the portable suite's wall-clock timer tests and the job server's
+# full load tests (20 concurrent first jobs x3, 100 sequential jobs' memory) (~16 min).
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests
 

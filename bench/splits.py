@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]
     from pyspark.sql import SparkSession
 
-    from sparkbeam.execute.dataset import session_config
+    from sparkbeam.execute.session import session_config
 
     builder = SparkSession.builder.master(args.master).appName("bench-splits")
     for key, value in session_config().items():

@@ -252,7 +252,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
     args = parser.parse_args()
-    from sparkbeam.execute.dataset import get_session
+    from sparkbeam.execute.session import get_session
     from sparkbeam.options import SparkOptions
 
     spark = get_session(SparkOptions(["--spark_master=local[2]", "--parallelism=2",

@@ -26,14 +26,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_server(args: argparse.Namespace) -> int:
+def _job_server(argv: list[str]) -> int:
+    """`sparkbeam job-server [flags]`: the flags are the server's own (see --help)."""
     from sparkbeam.jobservice import server
 
     from sparkbeam.spark_executor import SparkJobExecutor
 
-    argv = ["--port", str(args.port), "--host", args.host]
-    if args.artifacts_dir:
-        argv += ["--artifacts-dir", args.artifacts_dir]
     return int(server.main(argv, executor_factory=SparkJobExecutor) or 0)
 
 
@@ -49,15 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("script")
     run.add_argument("pipeline_args", nargs=argparse.REMAINDER)
     run.set_defaults(func=_run)
-    js = sub.add_parser("job-server", help="serve Beam's Job API (PortableRunner clients)")
-    js.add_argument("--port", type=int, default=8099)
-    js.add_argument("--host", default="127.0.0.1")
-    js.add_argument("--artifacts-dir", default=None)
-    js.set_defaults(func=_job_server)
+    # The job server parses its own flags (`sparkbeam job-server --help` lists them).
+    sub.add_parser("job-server", help="serve Beam's Job API (PortableRunner clients)",
+                   add_help=False)
     bench = sub.add_parser("bench", help="run the benchmarks against the peers")
     bench.add_argument("--scale", default="quick", choices=["quick", "full"])
     bench.set_defaults(func=_bench)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "job-server":
+        return _job_server(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True
     )

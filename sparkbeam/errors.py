@@ -36,6 +36,11 @@ class UnsupportedFeatureError(SparkBeamError):
         )
 
 
+class InvalidPipelineError(SparkBeamError):
+    """The pipeline proto is malformed: references that do not resolve, cycles, no transforms
+    (a broken or hostile client, not a feature sparkbeam lacks)."""
+
+
 class PlanningError(SparkBeamError):
     """The pipeline proto could not be turned into stages."""
 

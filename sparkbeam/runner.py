@@ -36,6 +36,7 @@ from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.check import find_unsupported
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan
+from sparkbeam.plan.validate import check_structure
 
 if TYPE_CHECKING:
     from sparkbeam.execute.dataset import Datasets
@@ -55,7 +56,11 @@ def prepare(
     *,
     is_drain: bool = False,
 ) -> Plan:
-    """Checks (every unsupported feature at once) and plans a pipeline; no Spark work."""
+    """Checks (every unsupported feature at once) and plans a pipeline; no Spark work.
+
+    A malformed proto is refused first (`InvalidPipelineError`), before anything reads it.
+    """
+    check_structure(proto)
     streaming = bool(options.view_as(pipeline_options.StandardOptions).streaming)
     problems = find_unsupported(proto, streaming=streaming)
     pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
@@ -93,6 +98,7 @@ class SparkJob:
         on_message: Callable[[str], None] | None = None,
         on_state: Callable[[str], None] | None = None,
         py_files: list[str] | None = None,
+        session_defaults: dict[str, str] | None = None,
     ) -> None:
         from sparkbeam.execute.executor import Progress
 
@@ -108,6 +114,7 @@ class SparkJob:
         self._on_message = on_message or (lambda m: None)
         self._on_state = on_state or (lambda s: None)
         self._py_files = list(py_files or [])
+        self._session_defaults = dict(session_defaults or {})  # for a session made here
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"sparkbeam-{self.job_id}")
         self._datasets: Datasets | None = None
@@ -116,6 +123,9 @@ class SparkJob:
         self.streaming = False
         self.streaming_batches: list[dict[str, Any]] = []  # micro-batches: rows, durations
         self._streaming_run: Any = None  # the streaming query run, once started
+        # Metrics as the run ended: the collector's reports of this job are then dropped, so a
+        # long-lived driver (the job server) does not keep every past job's reports.
+        self._final_metrics: SparkMetrics | None = None
 
     def start(self) -> None:
         self._set_state(PipelineState.STARTING)
@@ -130,12 +140,13 @@ class SparkJob:
         self._on_message(f"{self.job_id} is {state}")
 
     def _run(self) -> None:
-        from sparkbeam.execute.dataset import Datasets, get_session
+        from sparkbeam.execute.dataset import Datasets
+        from sparkbeam.execute.session import get_session
         from sparkbeam.execute.executor import ExecutionSettings, Executor
 
         try:
             spark_options = self.options.view_as(SparkOptions)
-            spark = get_session(spark_options)
+            spark = get_session(spark_options, self._session_defaults)
             datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
             self._datasets = datasets
             if datasets.ship_sparkbeam():
@@ -188,10 +199,32 @@ class SparkJob:
             else:
                 self.error = exc
                 _LOG.error("%s failed: %s", self.job_id, exc)
+                self._free_job_group()
                 self._on_message(f"{self.job_id} failed: {exc}")
                 self._set_state(PipelineState.FAILED)
         finally:
+            self._keep_final_metrics()
             self._done.set()
+
+    def _free_job_group(self) -> None:
+        """Cancels what is left of a failed job on Spark (its other tasks may still run, e.g.
+        waiting for an SDK worker that is gone), so it holds no executor slots."""
+        if self._datasets is None:
+            return
+        try:
+            self._datasets.cancel(self.job_id)
+        except Exception:  # noqa: BLE001 - the job has failed already; this is tidying up
+            _LOG.warning("%s: could not cancel its Spark job group", self.job_id, exc_info=True)
+
+    def _keep_final_metrics(self) -> None:
+        if self._collector is None:
+            return
+        try:
+            self._final_metrics = self._metrics_now()
+        except Exception:  # noqa: BLE001 - a job without final metrics still ends
+            _LOG.warning("%s: could not gather its final metrics", self.job_id, exc_info=True)
+            self._final_metrics = SparkMetrics(self.progress.snapshot())
+        self._collector.forget(self.job_id)
 
     def _run_streaming(self, spark: Any) -> None:
         from sparkbeam.streaming.job import run_streaming
@@ -250,6 +283,11 @@ class SparkJob:
     def metrics(self) -> SparkMetrics:
         """Committed: the metric rows of successful attempts. Attempted: those plus the live
         reports of every other attempt (failed, retried, or still running)."""
+        if self._final_metrics is not None:
+            return self._final_metrics
+        return self._metrics_now()
+
+    def _metrics_now(self) -> SparkMetrics:
         if self.streaming and self._collector is not None:
             from sparkbeam.streaming.job import streaming_metrics
 

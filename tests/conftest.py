@@ -20,7 +20,7 @@ def shared_spark():
     if not _SESSION:
         from pyspark.sql import SparkSession
 
-        from sparkbeam.execute.dataset import session_config
+        from sparkbeam.execute.session import session_config
 
         builder = SparkSession.builder
         for key, value in session_config().items():

@@ -37,6 +37,10 @@ class ArtifactStorageError(ArtifactStagingError):
     """Writing, committing or reading a staged artifact in the destination failed."""
 
 
+class StagingQuotaExceeded(ArtifactStagingError):
+    """A job sent more artifact bytes than its staging quota allows."""
+
+
 class ArtifactNotFound(ArtifactStagingError):
     """A worker asked for an artifact that is not staged here."""
 
@@ -63,6 +67,7 @@ STATUS_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ArtifactNotFound, grpc.StatusCode.NOT_FOUND),
     (StagingStateError, grpc.StatusCode.FAILED_PRECONDITION),
     (InvalidArtifactRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (StagingQuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ClientStreamError, grpc.StatusCode.ABORTED),
     (ArtifactStorageError, grpc.StatusCode.INTERNAL),
     (ServiceClosed, grpc.StatusCode.UNAVAILABLE),

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from sparkbeam.artifacts.failures import Aborted, StagingStateError, StagingTimeout, root_cause
+from sparkbeam.artifacts.failures import (
+    Aborted,
+    StagingQuotaExceeded,
+    StagingStateError,
+    StagingTimeout,
+    root_cause,
+)
 from sparkbeam.artifacts.flow import FailureLatch
 from sparkbeam.artifacts.payloads import declared_sha256, file_artifact, original_name
 from sparkbeam.artifacts.store import ArtifactStore, StagedContent
@@ -80,6 +86,7 @@ class StagingSession:
         self._by_identity: dict[bytes, Future[StagedContent]] = {}
         self._unsettled = 0
         self._result: DependencySets | None = None
+        self.received_bytes = 0  # artifact bytes the client sent (quota)
 
     @property
     def state(self) -> SessionState:
@@ -136,6 +143,28 @@ class StagingSession:
             self._by_identity.setdefault(identity, content)
             self._unsettled += 1
         content.add_done_callback(self._settled)
+
+    def count_received(self, size: int, quota: int | None, label: str) -> None:
+        """Adds `size` received bytes; raises `StagingQuotaExceeded` once they pass `quota`."""
+        with self._lock:
+            self.received_bytes += size
+            received = self.received_bytes
+        if quota is not None and received > quota:
+            raise StagingQuotaExceeded(
+                f"{label}: the job's artifacts passed its staging quota of {quota} bytes "
+                f"({received} bytes received so far; the server's --max-staged-bytes)"
+            )
+
+    def contents(self) -> list[StagedContent]:
+        """The content this session staged or reuses, as far as it is committed."""
+        with self._lock:
+            futures = [e.content for entries in self._entries.values() for e in entries]
+        return [f.result() for f in futures if f.done() and f.exception() is None]
+
+    @property
+    def idle(self) -> bool:
+        """Not staging now: no client yet, or ended with every writer settled."""
+        return self._ended.is_set() or self._state is SessionState.REGISTERED
 
     def futures(self) -> list[Future[StagedContent]]:
         """Every artifact's future, in no particular order."""

@@ -57,7 +57,9 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
 
     `max_pending_bytes` caps the bytes received but not yet written, over all sessions
     (one chunk may overshoot it); `writer_threads` bounds the threads that write; each
-    artifact queues at most `queue_chunks` chunks. `on_message(staging_token, text)` receives
+    artifact queues at most `queue_chunks` chunks; `max_staged_bytes` caps what one job may
+    send (None: no cap). `release` forgets a job's session and deletes the files no other
+    session uses. `on_message(staging_token, text)` receives
     user-visible milestones (what was staged, bytes skipped by dedup, failures).
     """
 
@@ -68,6 +70,7 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
         max_pending_bytes: int = 100 << 20,
         writer_threads: int = 4,
         queue_chunks: int = 16,
+        max_staged_bytes: int | None = None,
         on_message: Callable[[str, str], None] | None = None,
     ) -> None:
         for name, value in (
@@ -84,9 +87,13 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
             max_workers=writer_threads, thread_name_prefix="sparkbeam-artifact-writer"
         )
         self._queue_chunks = queue_chunks
+        self._max_staged_bytes = max_staged_bytes
         self._on_message = on_message
         self._lock = threading.Lock()
         self._sessions: dict[str, StagingSession] = {}
+        # Content of released sessions, deleted once no session is staging (one that is might
+        # be about to reuse it) and none of the remaining sessions uses it.
+        self._unreferenced: dict[str, StagedContent] = {}
         self._closed = False
 
     @property
@@ -132,6 +139,37 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
         """
         return self._session(staging_token).wait(timeout)
 
+    def release(self, staging_token: str) -> None:
+        """Forgets a job's session (failing it if still under way) and deletes the staged
+        files that no other session uses; a no-op for an unknown token."""
+        with self._lock:
+            session = self._sessions.pop(staging_token, None)
+        if session is None:
+            return
+        session.fail(ServiceClosed(f"{staging_token} was released while staging"))
+        with self._lock:
+            for content in session.contents():
+                self._unreferenced[content.name] = content
+        self._delete_unreferenced()
+
+    def _delete_unreferenced(self) -> None:
+        # Under the lock, so no session begins staging (and reuses content) meanwhile.
+        with self._lock:
+            if not self._unreferenced or not all(s.idle for s in self._sessions.values()):
+                return
+            used = {c.name for s in self._sessions.values() for c in s.contents()}
+            doomed = [c for name, c in self._unreferenced.items() if name not in used]
+            self._unreferenced.clear()
+            for content in doomed:
+                self._store.index.forget(content.sha256)
+                try:
+                    self.destination.delete(content.name)
+                except Exception:  # noqa: BLE001 - a file left behind must not fail a job
+                    _LOGGER.warning("could not delete released artifact %s", content.name,
+                                    exc_info=True)
+        if doomed:
+            _LOGGER.info("deleted %d released artifact(s)", len(doomed))
+
     def is_staged(self, staging_token: str) -> bool:
         """Whether every artifact of this token is staged (UnknownStagingToken if unknown)."""
         return self._session(staging_token).state is SessionState.STAGED
@@ -176,7 +214,8 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
         if self._closed:
             raise ServiceClosed(f"cannot stage {token}: the artifact staging service is closed")
         session = self._session(token)
-        session.begin()
+        with self._lock:  # not while released content is being deleted
+            session.begin()
         if on_rpc_done is not None:
             def call_ended() -> None:  # a no-op once the session has ended
                 session.fail(ClientStreamError(
@@ -207,6 +246,8 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
             if error is exc:
                 raise
             raise Aborted(error) from exc
+        finally:
+            self._delete_unreferenced()  # what waited for this session to end
         self._report(token, summary)
 
     def _exchange(
@@ -248,7 +289,11 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
                     label=label,
                 )
                 session.track(env, artifact, writer.result)
-                _receive_artifact(responses, writer, label)
+                _receive_artifact(
+                    responses, writer, label,
+                    lambda size, label=label: session.count_received(  # type: ignore[misc]
+                        size, self._max_staged_bytes, label),
+                )
 
     def _await_writes(self, session: StagingSession) -> StagingSummary:
         """Blocks until every artifact is committed, or one write failed."""
@@ -292,9 +337,13 @@ class ArtifactStagingService(beam_artifact_api_pb2_grpc.ArtifactStagingServiceSe
 
 
 def _receive_artifact(
-    responses: Iterator[ArtifactResponseWrapper], writer: ChunkWriter[StagedContent], label: str
+    responses: Iterator[ArtifactResponseWrapper],
+    writer: ChunkWriter[StagedContent],
+    label: str,
+    count: Callable[[int], None],
 ) -> None:
-    """Feeds one artifact's chunks to its writer, up to and including the `is_last` one."""
+    """Feeds one artifact's chunks to its writer, up to and including the `is_last` one;
+    `count` sees each chunk's size first (and may refuse it)."""
     chunks = 0
     while True:
         reply = _receive(responses, f"chunk {chunks} of {label}")  # the label names the token
@@ -304,6 +353,7 @@ def _receive_artifact(
                 f"expected a GetArtifactResponse (chunk {chunks}) of {label}, "
                 f"got a {_kind(reply)}"
             )
+        count(len(reply.get_artifact_response.data))
         writer.put(reply.get_artifact_response.data)
         chunks += 1
         if reply.is_last:

@@ -84,14 +84,22 @@ class SdkWorkerProcess:
             self._channel = grpc.insecure_channel(ext.endpoint.url)
             self._pool = beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolStub(self._channel)
             endpoint = server.endpoint()
-            response = self._pool.StartWorker(
-                beam_fn_api_pb2.StartWorkerRequest(
-                    worker_id=self.worker_id, control_endpoint=endpoint,
-                    logging_endpoint=endpoint, artifact_endpoint=endpoint,
-                    provision_endpoint=endpoint, params=dict(ext.params),
-                ),
-                timeout=30,
-            )
+            try:
+                response = self._pool.StartWorker(
+                    beam_fn_api_pb2.StartWorkerRequest(
+                        worker_id=self.worker_id, control_endpoint=endpoint,
+                        logging_endpoint=endpoint, artifact_endpoint=endpoint,
+                        provision_endpoint=endpoint, params=dict(ext.params),
+                    ),
+                    timeout=30,
+                )
+            except grpc.RpcError as exc:
+                self.stop()
+                raise SdkWorkerError(
+                    f"the worker pool of environment '{self.environment}' did not start SDK "
+                    f"worker {self.worker_id}: {exc.code().name}: {exc.details()} (for a "
+                    "LOOPBACK job: the client that submitted it has gone)"
+                ) from None
             if response.error:
                 raise SdkWorkerError(
                     f"worker pool of environment '{self.environment}' could not start "
@@ -122,6 +130,7 @@ class SdkWorkerProcess:
 
     def stop(self) -> None:
         self.conn.lose("was stopped")
+        self.server.data.release(self.worker_id)
         if self._pool is not None:
             with contextlib.suppress(Exception):
                 self._pool.StopWorker(

@@ -128,6 +128,37 @@ class ControlConnection:
         self._requests.put(_DONE)
 
 
+class DataServicer(data_plane.BeamFnDataServicer):
+    """Beam's data servicer, plus `release`: a worker's data channels end with the worker.
+
+    Beam's servicer keeps one channel per worker for its own life, and each keeps two threads
+    waiting for output to send (the Data call's and a forwarder); a Spark Python worker that
+    serves many jobs' SDK workers would keep two threads per worker ever started.
+    """
+
+    def worker_ids(self) -> list[str]:
+        with self._lock:
+            return sorted({k[0] for k in self._connections_by_worker_id})
+
+    def release(self, worker_id: str) -> None:
+        """Closes and forgets the data channels of `worker_id` (its Data calls end)."""
+        # The base class keeps its channels in `_connections_by_worker_id`, keyed by
+        # (worker id, data stream id), under `_lock`.
+        with self._lock:
+            keys = [k for k in self._connections_by_worker_id if k[0] == worker_id]
+            channels = [self._connections_by_worker_id.pop(k) for k in keys]
+        for channel in channels:
+            # close() joins a forwarder thread that could wait on a full send queue of a
+            # worker that is gone: never on the caller's thread.
+            threading.Thread(target=_close_quietly, args=(channel,), daemon=True,
+                             name=f"close-data-{worker_id}").start()
+
+
+def _close_quietly(channel: Any) -> None:
+    with contextlib.suppress(Exception):
+        channel.close()
+
+
 class ControlServicer(beam_fn_api_pb2_grpc.BeamFnControlServicer):
     """Control and GetProcessBundleDescriptor; decode, delegate to a connection, encode."""
 
@@ -276,7 +307,7 @@ class FnApiServer:
         host: str = "127.0.0.1",
     ) -> None:
         self.control = ControlServicer()
-        self.data = data_plane.BeamFnDataServicer()
+        self.data = DataServicer()
         self.state = StateServicer()
         pool = thread_pool_executor.shared_unbounded_instance()
         self._server = grpc.server(pool, options=_OPTIONS)
@@ -317,6 +348,8 @@ class FnApiServer:
         self.control.close()
         with contextlib.suppress(Exception):
             self._server.stop(grace_s).wait(grace_s + 1)
+        for worker_id in self.data.worker_ids():
+            self.data.release(worker_id)
 
 
 def _open_local(path: str) -> Any:

@@ -267,23 +267,51 @@ class _Slot:
     shell: BundleShell | None = None
     descriptors: dict[str, _Descriptor] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    leases: int = 0  # workers handed out and not yet returned (guarded by GrpcWorkers._lock)
+
+    def close(self) -> None:
+        if self.sdk is not None:
+            self.sdk.stop()
+        self.server.close()
 
 
 class GrpcWorkers:
-    """The SDK workers of this Python process: one server and one worker per environment."""
+    """The SDK workers of this Python process: one server and one worker per environment.
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    Spark reuses its Python workers across jobs, and every LOOPBACK job brings an environment
+    of its own (its client's worker pool), so only the `max_idle` environments used last keep
+    their server and SDK worker once no lease holds them; older ones are closed.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", max_idle: int = 4) -> None:
         self._host = host
-        self._slots: dict[bytes, _Slot] = {}
+        self._max_idle = max_idle
+        self._slots: collections.OrderedDict[bytes, _Slot] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def _slot(self, env: beam_runner_api_pb2.Environment, options: dict[str, Any]) -> _Slot:
+        """The environment's slot, leased: `_return` it when done."""
         key = env.SerializeToString(deterministic=True)
         with self._lock:
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot(FnApiServer(env, options, self._host))
+            self._slots.move_to_end(key)
+            slot.leases += 1
             return slot
+
+    def _return(self, slot: _Slot) -> None:
+        with self._lock:
+            slot.leases -= 1
+            idle = [k for k, s in self._slots.items() if s.leases == 0]  # oldest first
+            surplus = set(idle[: max(0, len(idle) - self._max_idle)])
+            # A slot whose worker is gone (a LOOPBACK client that ended) is of no more use.
+            surplus |= {k for k in idle if (s := self._slots[k]).sdk is not None
+                        and s.sdk.death() is not None}
+            closing = [self._slots.pop(k) for k in idle if k in surplus]
+        for old in closing:
+            with contextlib.suppress(Exception):
+                old.close()
 
     def server(self, environment: beam_runner_api_pb2.Environment) -> FnApiServer | None:
         """The server of `environment`, if one was started (for its fetch counts)."""
@@ -300,6 +328,20 @@ class GrpcWorkers:
     ) -> Iterator[GrpcWorker]:
         """A worker for `descriptor_bytes` on the (possibly new) SDK worker of `environment`."""
         slot = self._slot(environment, pipeline_options)
+        try:
+            with self._leased(slot, descriptor_bytes, environment, connect_timeout_s) as worker:
+                yield worker
+        finally:
+            self._return(slot)
+
+    @contextlib.contextmanager
+    def _leased(
+        self,
+        slot: _Slot,
+        descriptor_bytes: bytes,
+        environment: beam_runner_api_pb2.Environment,
+        connect_timeout_s: float,
+    ) -> Iterator[GrpcWorker]:
         with slot.lock:
             lost = slot.shell is not None and slot.shell.protocol.worker_state.value == "LOST"
             if slot.sdk is not None and (lost or slot.sdk.death() is not None):
@@ -326,11 +368,10 @@ class GrpcWorkers:
     def shutdown(self) -> None:
         """Stops every SDK worker and server (runs at process exit)."""
         with self._lock:
-            slots, self._slots = list(self._slots.values()), {}
+            slots = list(self._slots.values())
+            self._slots.clear()
         for slot in slots:
-            if slot.sdk is not None:
-                slot.sdk.stop()
-            slot.server.close()
+            slot.close()
 
 
 WORKERS = GrpcWorkers()

@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import socket
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkbeam.options import SparkOptions, parse_spark_conf, positive_or_none
+from sparkbeam.execute.session import is_connect
 
 _LOG = logging.getLogger(__name__)
 
@@ -45,91 +44,6 @@ _OUT_ARROW = pa.schema(
 )
 _BATCH_ROWS = 8192
 _BATCH_BYTES = 16 << 20
-
-
-def session_config() -> dict[str, str]:
-    """Static Spark settings sparkbeam applies to sessions it creates (also for tests)."""
-    return {
-        # Workers forked from a daemon that has already imported Beam start warm.
-        "spark.python.daemon.module": "sparkbeam.execute.daemon",
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
-        "spark.ui.showConsoleProgress": "false",
-    }
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether `spark` is a Spark Connect session (no SparkContext, no JVM in this process)."""
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except ImportError:  # pyspark without its `connect` extras
-        return False
-    return isinstance(spark, ConnectSession)
-
-
-def _active_session() -> SparkSession | None:
-    """The active session, classic or Connect. A Connect session is active per thread only,
-    and jobs run in threads of their own: fall back to its default (first) session."""
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    connect = sys.modules.get("pyspark.sql.connect.session")  # loaded once a client exists
-    if connect is not None:
-        try:
-            return connect.SparkSession.active()  # type: ignore[no-any-return]
-        except Exception:  # noqa: BLE001 - none active or default
-            return None
-    return None
-
-
-def get_session(options: SparkOptions) -> SparkSession:
-    """The active SparkSession (classic or Connect) if there is one, else a new one from the
-    options: a Spark Connect client when `--spark_remote` is set, a classic one otherwise."""
-    active = _active_session()
-    if active is not None:
-        return active
-    # Workers must run the driver's interpreter (the one with apache_beam installed), unless
-    # spark.pyspark.python says otherwise (a packed environment shipped with spark.archives):
-    # PySpark reads only the environment variable when it is not launched by spark-submit.
-    python = parse_spark_conf(options.spark_conf).get("spark.pyspark.python")
-    if python:
-        os.environ["PYSPARK_PYTHON"] = python
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    remote = getattr(options, "spark_remote", None)
-    builder = SparkSession.builder
-    master = None
-    if remote:
-        builder = builder.remote(remote)
-    else:
-        master = options.spark_master or _submitted_master() or "local[*]"
-        builder = builder.master(master)
-    builder = builder.appName(options.spark_app_name)
-    defaults = {
-        **session_config(),
-        "spark.sql.shuffle.partitions": str(positive_or_none(options.parallelism) or 8),
-    }
-    if not (master or "").startswith("local"):
-        # Executors elsewhere may not have sparkbeam installed: start their Python workers
-        # with PySpark's own daemon; sparkbeam reaches them as a shipped zip.
-        defaults.pop("spark.python.daemon.module", None)
-    if remote and remote.startswith("sc://"):
-        # A running Connect server takes runtime SQL settings only (the rest is its own).
-        defaults = {k: v for k, v in defaults.items() if k.startswith("spark.sql.")}
-    for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
-def _submitted_master() -> str | None:
-    """The master spark-submit passed to this driver (it starts the JVM first and hands us
-    the gateway), so a plain `--runner=sparkbeam.SparkRunner` runs where it was submitted."""
-    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
-        return None
-    from pyspark import SparkConf, SparkContext
-
-    SparkContext._ensure_initialized()  # attach to spark-submit's JVM, whose conf has the master
-    master = SparkConf().get("spark.master", None)
-    return str(master) if master else None
 
 
 class Datasets:
@@ -228,11 +142,16 @@ class Datasets:
             df.unpersist(blocking=False)
 
     def add_py_file(self, path: str) -> None:
-        """Makes an importable archive (wheel, zip, egg) available to every executor."""
+        """Makes an importable archive (wheel, zip, egg) available to every executor; once per
+        session and path (Spark keeps what was added for the session's life)."""
+        key = (id(self.spark), path)
+        if key in _ADDED:
+            return
         if self.connect:
             self.spark.addArtifacts(path, pyfile=True)
         else:
             self.spark.sparkContext.addPyFile(path)
+        _ADDED.add(key)
 
     def ship_sparkbeam(self) -> bool:
         """Ships this sparkbeam (a zip of the package) to executors that may not have it (any
@@ -338,6 +257,7 @@ def _client_host(spark: Any) -> str:
 
 
 _SHIPPED_TO: set[int] = set()
+_ADDED: set[tuple[int, str]] = set()  # (session, path) pairs added with add_py_file
 
 
 def _sparkbeam_zip() -> str:

@@ -42,10 +42,13 @@ class Job:
         job_name: str,
         pipeline: beam_runner_api_pb2.Pipeline,
         options: struct_pb2.Struct,
+        on_end: Callable[[Job], None] = lambda job: None,
     ) -> None:
         self.job_id = job_id
         self.job_name = job_name
-        self.pipeline = pipeline
+        # Kept serialized: a parsed pipeline takes several times the memory, and a server keeps
+        # up to --job-retention-count ended jobs.
+        self._pipeline = pipeline.SerializeToString()
         self.options = options
         self.run_lock = threading.Lock()  # one Run request at a time gets past staging
         self._machine = st.JobStateMachine(job_id, streaming=_is_streaming(options))
@@ -56,10 +59,19 @@ class Job:
         self._handle: RunHandle | None = None
         self._final_metrics: tuple[MonitoringInfos, MonitoringInfos] | None = None
         self._closed = False
+        self._on_end = on_end
+        self.prepared_at = time.monotonic()
+        self.ended_at: float | None = None  # when it entered a terminal state (monotonic)
+        self.never_ran = True  # Run has not been accepted
         with self._cond:
             self._record_state(st.STOPPED)
 
     # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def pipeline(self) -> beam_runner_api_pb2.Pipeline:
+        """The pipeline as the client submitted it (a new copy on each call)."""
+        return beam_runner_api_pb2.Pipeline.FromString(self._pipeline)
 
     @property
     def state(self) -> int:
@@ -114,6 +126,7 @@ class Job:
     def start(self, executor: JobExecutor, artifacts: DependencySets) -> None:
         """Moves the job to STARTING and starts the run on a thread of its own."""
         if any(isinstance(i, st.StartRun) for i in self._apply(st.RunRequested())):
+            self.never_ran = False
             threading.Thread(
                 target=self._run, args=(executor, artifacts), name=f"{self.job_id}-run",
                 daemon=True,
@@ -169,6 +182,8 @@ class Job:
         except Exception as exc:  # noqa: BLE001 - a broken handle fails its job, nothing else
             final, error = "FAILED", exc
         self._snapshot_metrics(handle)
+        with self._cond:
+            self._handle = None  # what the run held is the executor's to free now
         failed = error is not None or final == "FAILED"
         text = describe_failure(self.job_id, error) if failed else None
         self._apply_from_executor(st.RunEnded(final, text))
@@ -198,7 +213,9 @@ class Job:
     # -- carrying out instructions -------------------------------------------------------------
 
     def _apply(self, event: st.Event) -> list[st.Instruction]:
-        """Feeds one event to the machine and records what it publishes and reports."""
+        """Feeds one event to the machine and records what it publishes and reports; calls
+        `on_end` (outside the lock) when the job enters its terminal state."""
+        ended = False
         with self._cond:
             instructions = self._machine.handle(event)
             for instruction in instructions:
@@ -208,9 +225,14 @@ class Job:
                         st.state_name(instruction.new),
                     )
                     self._record_state(instruction.new)
+                    if st.is_terminal(instruction.new) and self.ended_at is None:
+                        self.ended_at = time.monotonic()
+                        ended = True
                 elif isinstance(instruction, st.Report):
                     self._record_message(instruction.importance, instruction.text)
-            return instructions
+        if ended:
+            self._on_end(self)
+        return instructions
 
     def _apply_from_executor(self, event: st.Event) -> list[st.Instruction]:
         """Like _apply, but a report that does not fit is logged: it must not hit the executor."""

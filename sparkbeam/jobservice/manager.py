@@ -1,12 +1,18 @@
-"""The jobs of one job service: prepare, check staging, run, look up.
+"""The jobs of one job service: prepare, check staging, run, look up, and forget.
 
 The preparation id is also the job id and the staging token (`job-001`, `job-002`, ...), so
 every log line and error names the job the same way from Prepare to the end of the run.
+
+A server lives long and sees many jobs, so what it keeps is bounded (`Retention`): an ended
+job stays for `seconds` after its end and among the `jobs` most recently ended; a prepared job
+that never ran stays for `seconds` after Prepare. Then it is evicted: its streams end, its
+state, messages and metrics are dropped, and its staged artifacts are released. Ids are never
+reused, so an id below the next one that is not held any more is one that expired.
 """
 from __future__ import annotations
 
-import itertools
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +30,26 @@ _LOGGER = logging.getLogger(__name__)
 # How long Run waits for a staging session that the client has just finished: its last
 # reply and the server's bookkeeping race by a few milliseconds.
 STAGING_GRACE_SECONDS = 5.0
+
+_JOB_ID = re.compile(r"job-(\d+)")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long, and how many, jobs a server keeps after they end (see the module doc); the
+    same bounds apply to prepared jobs that have not run."""
+
+    seconds: float = 3600.0
+    jobs: int = 100
+
+    def __post_init__(self) -> None:
+        if self.seconds <= 0 or self.jobs < 1:
+            raise ValueError(
+                f"job retention must be positive: got {self.seconds:g} s and {self.jobs} jobs"
+            )
+
+    def describe(self) -> str:
+        return f"{_duration(self.seconds)} after they end, at most {self.jobs} ended jobs"
 
 
 @dataclass(frozen=True)
@@ -45,14 +71,17 @@ class JobManager:
         staging_endpoint: str,
         *,
         staging_grace: float = STAGING_GRACE_SECONDS,
+        retention: Retention | None = None,
     ) -> None:
         self.executor = executor
+        self.retention = retention or Retention()
         self._staging = staging
         self._staging_endpoint = staging_endpoint
         self._staging_grace = staging_grace
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
-        self._ids = itertools.count(1)
+        self._issued = 0  # the highest job number handed out (ids are never reused)
+        self.evicted = 0  # jobs evicted so far
 
     def prepare(
         self, job_name: str, pipeline: beam_runner_api_pb2.Pipeline, options: struct_pb2.Struct
@@ -63,9 +92,13 @@ class JobManager:
         """
         self.executor.prepare(pipeline, options)
         deps = dependency_sets(pipeline)
+        self.evict_expired()
         with self._lock:
-            job_id = f"job-{next(self._ids):03d}"
-            self._jobs[job_id] = Job(job_id, job_name, pipeline, options)
+            self._issued += 1
+            job_id = f"job-{self._issued:03d}"
+            self._jobs[job_id] = Job(
+                job_id, job_name, pipeline, options, on_end=self._job_ended
+            )
         try:
             self._staging.register_job(job_id, deps)
         except BaseException:
@@ -96,11 +129,56 @@ class JobManager:
             job = self._jobs.get(job_id)
             known = sorted(self._jobs)
         if job is None:
+            if self._expired(job_id):
+                raise JobNotFoundError(
+                    f"{job_id} expired: the job server keeps jobs {self.retention.describe()} "
+                    "(--job-retention, --job-retention-count), and prepared jobs that never "
+                    f"ran for {_duration(self.retention.seconds)}"
+                )
             listed = ", ".join(known[-5:]) or "none yet"
             raise JobNotFoundError(
                 f"no job or preparation has id {job_id!r} (latest known: {listed})"
             )
         return job
+
+    def evict_expired(self, now: float | None = None) -> list[str]:
+        """Evicts the jobs the retention no longer covers; returns their ids."""
+        now = time.monotonic() if now is None else now
+        limit = self.retention
+        with self._lock:
+            jobs = list(self._jobs.values())
+        ended = sorted((j for j in jobs if j.ended_at is not None),
+                       key=lambda j: j.ended_at or 0.0)
+        waiting = sorted((j for j in jobs if j.ended_at is None and j.never_ran),
+                         key=lambda j: j.prepared_at)
+        doomed = []
+        for kept, when in ((ended, lambda j: j.ended_at), (waiting, lambda j: j.prepared_at)):
+            surplus = max(0, len(kept) - limit.jobs)  # the oldest beyond the count go
+            doomed += kept[:surplus]
+            doomed += [j for j in kept[surplus:] if now - when(j) > limit.seconds]
+        if not doomed:
+            return []
+        with self._lock:
+            for job in doomed:
+                self._jobs.pop(job.job_id, None)
+            self.evicted += len(doomed)
+        for job in doomed:
+            job.close()
+            try:
+                self._staging.release(job.job_id)
+            except Exception:  # noqa: BLE001 - a file left behind must not stop the eviction
+                _LOGGER.warning("%s: releasing its staged artifacts failed", job.job_id,
+                                exc_info=True)
+        _LOGGER.info("evicted %d job(s): %s", len(doomed), ", ".join(j.job_id for j in doomed))
+        return [j.job_id for j in doomed]
+
+    def _job_ended(self, job: Job) -> None:
+        self.evict_expired()  # the count bound may now let an older job go
+
+    def _expired(self, job_id: str) -> bool:
+        match = _JOB_ID.fullmatch(job_id)
+        with self._lock:
+            return match is not None and 0 < int(match.group(1)) <= self._issued
 
     def note_staging(self, staging_token: str, text: str) -> None:
         """Puts a staging milestone in the message stream of the job it belongs to."""
@@ -144,3 +222,10 @@ class JobManager:
             job.fail_staging(text)
             raise JobStateError(text) from exc
         return {env_id: list(deps) for env_id, deps in staged.items()}
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"

@@ -95,3 +95,8 @@ class StagingArea(Protocol):
         error naming the root cause when staging failed.
         """
         ...
+
+    def release(self, staging_token: str) -> None:
+        """Forgets the token (the job was evicted) and deletes its staged files that no other
+        job uses; a no-op for an unknown token."""
+        ...

@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,21 +22,26 @@ from concurrent import futures
 from types import FrameType, TracebackType
 
 import grpc
-from apache_beam.portability.api import beam_artifact_api_pb2_grpc, beam_job_api_pb2_grpc
+from apache_beam.portability.api import beam_artifact_api_pb2, beam_job_api_pb2
 
 from sparkbeam.errors import SparkBeamError
-from sparkbeam.jobservice.manager import STAGING_GRACE_SECONDS, JobManager
+from sparkbeam.jobservice.manager import STAGING_GRACE_SECONDS, JobManager, Retention
 from sparkbeam.jobservice.protocol import JobExecutor
 from sparkbeam.jobservice.servicer import JobService
 from sparkbeam.jobservice.staging import new_artifact_services
+from sparkbeam.jobservice.wire import add_service
 
 _LOGGER = logging.getLogger(__name__)
 
 # Each open state or message stream holds a worker thread for as long as its job runs.
 DEFAULT_MAX_WORKERS = 64
+# The largest request a client may send (a pipeline proto can pass gRPC's 4 MB default; a
+# bigger one is refused with RESOURCE_EXHAUSTED before it is read into memory).
+DEFAULT_MAX_REQUEST_BYTES = 128 << 20
+# The artifact bytes one job may stage (--max-staged-bytes).
+DEFAULT_MAX_STAGED_BYTES = 2 << 30
 
 _GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", -1),  # pipeline protos can pass the 4 MB default
     ("grpc.max_send_message_length", -1),
     ("grpc.http2.max_pings_without_data", 0),  # long streams with keep-alive pings
     ("grpc.http2.max_ping_strikes", 0),
@@ -42,6 +49,12 @@ _GRPC_OPTIONS = [
 ]
 
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+REMOTE_WARNING = (
+    "the Job API on %s is reachable from other hosts: it runs any pipeline sent to it, "
+    "with this server's rights, and Beam's clients have no authentication; put it behind "
+    "an authenticating proxy or a tunnel (README: 'The job server on a network')"
+)
 
 
 class JobServer:
@@ -56,9 +69,27 @@ class JobServer:
         artifacts_dir: str | None = None,
         max_workers: int = DEFAULT_MAX_WORKERS,
         staging_grace: float = STAGING_GRACE_SECONDS,
+        retention: Retention | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_staged_bytes: int | None = DEFAULT_MAX_STAGED_BYTES,
+        allow_remote: bool = False,
     ) -> None:
+        if not allow_remote and not is_loopback(host):
+            raise SparkBeamError(
+                f"the job server would listen on {host!r}, which other hosts can reach: the "
+                "Job API runs any pipeline sent to it with this server's rights and has no "
+                "authentication; bind 127.0.0.1 (the default), or pass --allow-remote "
+                "(allow_remote=True) behind an authenticating proxy or tunnel"
+            )
+        if not is_loopback(host):
+            _LOGGER.warning(REMOTE_WARNING, host)
         self._executor = executor
         self._staging_grace = staging_grace
+        self._retention = retention or Retention()
+        self._max_request_bytes = max_request_bytes
+        self._max_staged_bytes = max_staged_bytes
+        self._allow_remote = allow_remote
+        self._stop_sweeping = threading.Event()
         self._host = host
         self._port = port
         self._artifacts_dir = artifacts_dir
@@ -94,7 +125,8 @@ class JobServer:
             futures.ThreadPoolExecutor(
                 max_workers=self._max_workers, thread_name_prefix="sparkbeam-jobserver"
             ),
-            options=_GRPC_OPTIONS,
+            options=[*_GRPC_OPTIONS,
+                     ("grpc.max_receive_message_length", self._max_request_bytes)],
         )
         address = f"{_bracketed(self._host)}:{self._port}"
         cause: RuntimeError | None = None
@@ -112,32 +144,46 @@ class JobServer:
         self.port = port
         # Staging milestones go to the job's message stream; the manager comes second.
         artifacts = new_artifact_services(
-            self._artifacts_dir, on_message=lambda token, text: self._note_staging(token, text)
+            self._artifacts_dir, on_message=lambda token, text: self._note_staging(token, text),
+            max_staged_bytes=self._max_staged_bytes,
         )
         self._close_artifacts = artifacts.close
         self.jobs = JobManager(
-            self._executor, artifacts.staging, self.endpoint, staging_grace=self._staging_grace
+            self._executor, artifacts.staging, self.endpoint, staging_grace=self._staging_grace,
+            retention=self._retention,
         )
-        beam_job_api_pb2_grpc.add_JobServiceServicer_to_server(JobService(self.jobs), server)
-        beam_artifact_api_pb2_grpc.add_ArtifactStagingServiceServicer_to_server(
-            artifacts.staging_servicer, server
-        )
-        beam_artifact_api_pb2_grpc.add_ArtifactRetrievalServiceServicer_to_server(
-            artifacts.retrieval_servicer, server
-        )
+        services = {**beam_job_api_pb2.DESCRIPTOR.services_by_name,
+                    **beam_artifact_api_pb2.DESCRIPTOR.services_by_name}
+        add_service(server, services["JobService"], JobService(self.jobs))
+        add_service(server, services["ArtifactStagingService"], artifacts.staging_servicer)
+        add_service(server, services["ArtifactRetrievalService"], artifacts.retrieval_servicer)
         server.start()
         self._server = server
+        threading.Thread(
+            target=self._sweep, args=(self.jobs,), name="sparkbeam-jobserver-retention",
+            daemon=True,
+        ).start()
         _LOGGER.info(
-            "job server listening on %s (bound to %s, artifacts in %s)",
-            self.endpoint, address, self._artifacts_dir,
+            "job server listening on %s (bound to %s, artifacts in %s; jobs kept %s)",
+            self.endpoint, address, self._artifacts_dir, self._retention.describe(),
         )
         return port
+
+    def _sweep(self, jobs: JobManager) -> None:
+        """Evicts expired jobs even while no request comes in."""
+        interval = min(60.0, max(0.05, self._retention.seconds / 4))
+        while not self._stop_sweeping.wait(interval):
+            try:
+                jobs.evict_expired()
+            except Exception:  # noqa: BLE001 - the sweep tries again next time
+                _LOGGER.exception("evicting expired jobs failed")
 
     def stop(self, grace: float = 1.0) -> None:
         """Cancels running jobs, ends every stream and stops serving. Safe to call twice."""
         server, self._server = self._server, None
         if server is None:
             return
+        self._stop_sweeping.set()
         if self.jobs is not None:
             self.jobs.shutdown()
         server.stop(grace).wait()
@@ -171,7 +217,51 @@ def build_parser(prog: str = "sparkbeam job-server") -> argparse.ArgumentParser:
                         help="port to bind (default 8099; 0 picks a free one)")
     parser.add_argument("--artifacts-dir", default=None,
                         help="where staged artifacts are kept (default: a temporary directory)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a --host other hosts can reach (the Job API has no "
+                        "authentication: put it behind an authenticating proxy or tunnel)")
+    parser.add_argument("--job-retention", type=parse_duration, default=3600.0,
+                        metavar="DURATION",
+                        help="how long ended jobs (and prepared jobs that never ran) are kept: "
+                        "state, messages, metrics, staged artifacts (e.g. 3600, 90s, 30m, 1h; "
+                        "default 1h)")
+    parser.add_argument("--job-retention-count", type=int, default=100, metavar="N",
+                        help="how many ended jobs are kept at most (default 100)")
+    parser.add_argument("--max-staged-bytes", type=int, default=DEFAULT_MAX_STAGED_BYTES,
+                        help="the artifact bytes one job may stage "
+                        f"(default {DEFAULT_MAX_STAGED_BYTES})")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="the largest request (e.g. a pipeline proto) the server reads "
+                        f"(default {DEFAULT_MAX_REQUEST_BYTES})")
     return parser
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from '3600', '90s', '30m' or '1h'."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 3600, 90s, 30m or 1h, got {text!r}")
+    scale = {"s": 1, "m": 60, "min": 60, "h": 3600}[match.group(2) or "s"]
+    return float(match.group(1)) * scale
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback interface only (no wildcard, no LAN)."""
+    name = host.strip("[]")
+    if name in _WILDCARD_HOSTS:
+        return False
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None)
+    except OSError:
+        return False
+    return bool(infos) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos
+    )
 
 
 def main(
@@ -200,12 +290,15 @@ def main(
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-    server = JobServer(
-        executor_factory(args), host=args.host, port=args.port, artifacts_dir=args.artifacts_dir
-    )
     try:
+        server = JobServer(
+            executor_factory(args), host=args.host, port=args.port,
+            artifacts_dir=args.artifacts_dir, allow_remote=args.allow_remote,
+            retention=Retention(args.job_retention, args.job_retention_count),
+            max_staged_bytes=args.max_staged_bytes, max_request_bytes=args.max_request_bytes,
+        )
         server.start()
-    except SparkBeamError as exc:
+    except (SparkBeamError, ValueError) as exc:
         _LOGGER.error("%s", exc)
         return 1
     try:

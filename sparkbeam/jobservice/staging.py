@@ -34,13 +34,18 @@ class ArtifactServices:
     close: Callable[[], None] = lambda: None
 
 
-def new_artifact_services(root: str, on_message: StagingMessage | None = None) -> ArtifactServices:
+def new_artifact_services(
+    root: str, on_message: StagingMessage | None = None, max_staged_bytes: int | None = None
+) -> ArtifactServices:
     """Staging and retrieval services that keep staged artifacts under `root`: a local
-    directory, or any fsspec URL (`s3://bucket/staging`, `memory://...`)."""
+    directory, or any fsspec URL (`s3://bucket/staging`, `memory://...`); one job may stage
+    at most `max_staged_bytes` (None: no cap)."""
     destination: ArtifactDestination = (
         FsspecDestination(root) if "://" in root else LocalDirectory(root)
     )
-    staging = ArtifactStagingService(destination, on_message=on_message)
+    staging = ArtifactStagingService(
+        destination, on_message=on_message, max_staged_bytes=max_staged_bytes
+    )
     return ArtifactServices(staging, staging, ArtifactRetrievalService(destination), staging.close)
 
 

@@ -59,6 +59,13 @@ class grpc_status:  # lower case: used like a function, `with grpc_status(contex
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if isinstance(exc, SystemExit):
+            # Something (an argument parser) tried to end the server from a handler thread:
+            # the call fails, the server goes on.
+            _LOGGER.error("%s tried to exit the server (SystemExit %s)", self._where, exc.code)
+            self._context.abort(
+                grpc.StatusCode.INTERNAL, f"{self._where} failed: SystemExit {exc.code}"
+            )
         if exc is None or not isinstance(exc, Exception):
             return  # success, or GeneratorExit/KeyboardInterrupt: not ours to report
         code = status_code(exc)

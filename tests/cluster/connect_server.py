@@ -14,7 +14,7 @@ def main(port: int) -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from sparkbeam.execute.dataset import session_config
+    from sparkbeam.execute.session import session_config
 
     builder = SparkSession.builder.master("local[2]").appName("sparkbeam-connect-test")
     for key, value in {

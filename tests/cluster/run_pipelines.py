@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     from sparkbeam import SparkRunner
-    from sparkbeam.execute.dataset import _active_session
+    from sparkbeam.execute.session import active_session as _active_session
     from tests.integration.conftest import run_and_collect
     from tests.integration.pipelines import PIPELINES
 
@@ -150,7 +150,8 @@ def check_py_file(args: list[str]) -> dict:
     """A zip shipped with Datasets.add_py_file is importable in the tasks."""
     import zipfile
 
-    from sparkbeam.execute.dataset import Datasets, get_session
+    from sparkbeam.execute.dataset import Datasets
+    from sparkbeam.execute.session import get_session
     from sparkbeam.options import SparkOptions
 
     module = f"sparkbeam_cluster_probe_{os.getpid()}"
@@ -214,7 +215,7 @@ def _summary(entry: dict) -> str:
 def _describe(session) -> dict:  # type: ignore[no-untyped-def]
     from pyspark import SparkContext
 
-    from sparkbeam.execute.dataset import is_connect
+    from sparkbeam.execute.session import is_connect
 
     kind = f"{type(session).__module__}.{type(session).__name__}"
     if is_connect(session):

@@ -34,6 +34,11 @@ class FakeStaging:
     def __init__(self) -> None:
         self.registered: dict[str, dict[str, list]] = {}
         self.outcomes: dict[str, object] = {}
+        self.released: list[str] = []
+
+    def release(self, staging_token: str) -> None:
+        self.released.append(staging_token)
+        self.registered.pop(staging_token, None)
 
     def register_job(
         self, staging_token: str,

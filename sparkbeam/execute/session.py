@@ -1,0 +1,125 @@
+"""The SparkSession a job runs on: the active one, or one made from the options, once.
+
+Sessions are made single-flight (`SingleFlight`): jobs that arrive together at a fresh job
+server wait for the one start under way instead of racing to launch a second JVM gateway,
+share its outcome, and a failed start is tried again by the next job.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from sparkbeam.errors import ExecutionError
+from sparkbeam.execute.single_flight import SingleFlight
+from sparkbeam.options import SparkOptions, parse_spark_conf, positive_or_none
+
+_LOG = logging.getLogger(__name__)
+
+_STARTS: SingleFlight[SparkSession] = SingleFlight()
+
+
+def session_config() -> dict[str, str]:
+    """Static Spark settings sparkbeam applies to sessions it creates (also for tests)."""
+    return {
+        # Workers forked from a daemon that has already imported Beam start warm.
+        "spark.python.daemon.module": "sparkbeam.execute.daemon",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect session (no SparkContext, no JVM in this process)."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # pyspark without its `connect` extras
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+def active_session() -> SparkSession | None:
+    """The active session, classic or Connect. A Connect session is active per thread only,
+    and jobs run in threads of their own: fall back to its default (first) session."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    connect = sys.modules.get("pyspark.sql.connect.session")  # loaded once a client exists
+    if connect is not None:
+        try:
+            return connect.SparkSession.active()  # type: ignore[no-any-return]
+        except Exception:  # noqa: BLE001 - none active or default
+            return None
+    return None
+
+
+def get_session(options: SparkOptions, defaults: dict[str, str] | None = None) -> SparkSession:
+    """The active SparkSession (classic or Connect) if there is one, else a new one from the
+    options: a Spark Connect client when `--spark_remote` is set, a classic one otherwise.
+    `defaults` are Spark settings for a new session that the options' `--spark_conf` may
+    override (the job server's own).
+
+    Raises `ExecutionError` naming the master when the session cannot start; every caller
+    waiting on that start gets the same error.
+    """
+    active = active_session()
+    if active is not None:
+        return active
+    return _STARTS.run(lambda: active_session() or _start(options, defaults or {}))
+
+
+def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSession:
+    # Workers must run the driver's interpreter (the one with apache_beam installed), unless
+    # spark.pyspark.python says otherwise (a packed environment shipped with spark.archives):
+    # PySpark reads only the environment variable when it is not launched by spark-submit.
+    python = parse_spark_conf(options.spark_conf).get("spark.pyspark.python")
+    if python:
+        os.environ["PYSPARK_PYTHON"] = python
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    remote = getattr(options, "spark_remote", None)
+    builder = SparkSession.builder
+    master = None
+    if remote:
+        builder = builder.remote(remote)
+    else:
+        master = options.spark_master or _submitted_master() or "local[*]"
+        builder = builder.master(master)
+    builder = builder.appName(options.spark_app_name)
+    defaults = {
+        **session_config(),
+        "spark.sql.shuffle.partitions": str(positive_or_none(options.parallelism) or 8),
+        **extra_defaults,
+    }
+    if not (master or "").startswith("local"):
+        # Executors elsewhere may not have sparkbeam installed: start their Python workers
+        # with PySpark's own daemon; sparkbeam reaches them as a shipped zip.
+        defaults.pop("spark.python.daemon.module", None)
+    if remote and remote.startswith("sc://"):
+        # A running Connect server takes runtime SQL settings only (the rest is its own).
+        defaults = {k: v for k, v in defaults.items() if k.startswith("spark.sql.")}
+    for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
+        builder = builder.config(key, value)
+    where = f"Spark Connect server {remote}" if remote else f"master {master}"
+    _LOG.info("starting a SparkSession on %s", where)
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - any start failure is reported with its cause
+        raise ExecutionError(
+            f"the SparkSession could not start on {where}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _submitted_master() -> str | None:
+    """The master spark-submit passed to this driver (it starts the JVM first and hands us
+    the gateway), so a plain `--runner=sparkbeam.SparkRunner` runs where it was submitted."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # attach to spark-submit's JVM, whose conf has the master
+    master = SparkConf().get("spark.master", None)
+    return str(master) if master else None
