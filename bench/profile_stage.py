@@ -16,7 +16,7 @@ import time
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from sparkbeam.execute.stage_task import TaskSpec, run_stage_task
+from sparkbeam.engine.task import TaskSpec, run_stage_task
 from sparkbeam.plan.fuse import plan_pipeline
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     lines = [" ".join(rng.choices(words, k=10)) for _ in range(args.lines)]
     # The stage reads grouped (key, [lines]) elements: one group per 100 lines.
     grouping = plan.groupings[stage.inputs[0].buffer_id]
-    from sparkbeam.execute import worker_context
+    from sparkbeam.engine import context as worker_context
 
     ctx = worker_context.pipeline_context(plan.components)
     impl = ctx.coders[grouping.input_coder_id].get_impl()

@@ -1,6 +1,8 @@
 """SparkOptions: the pipeline options sparkbeam reads."""
 from __future__ import annotations
 
+import argparse
+
 from apache_beam.options.pipeline_options import PipelineOptions
 
 DEFAULT_BUNDLE_SIZE = 1000
@@ -107,6 +109,13 @@ class SparkOptions(PipelineOptions):
             default="sparkbeam",
             help="Application name of a SparkSession that sparkbeam creates.",
         )
+
+
+def option_actions() -> list[argparse.Action]:
+    """The flags SparkOptions defines (what the Job API's DescribePipelineOptions lists)."""
+    parser = argparse.ArgumentParser()
+    SparkOptions._add_argparse_args(parser)
+    return [a for a in parser._actions if a.option_strings and a.dest != "help"]
 
 
 def positive_or_none(value: int | None) -> int | None:

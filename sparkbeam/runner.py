@@ -28,12 +28,11 @@ from sparkbeam.errors import (
     JobCancelledError,
     JobStateError,
     SparkBeamError,
-    Unsupported,
     UnsupportedFeatureError,
 )
 from sparkbeam.metrics import SparkMetrics
 from sparkbeam.options import SparkOptions, positive_or_none
-from sparkbeam.plan.check import find_unsupported
+from sparkbeam.plan.check import find_unsupported, option_problems, plan_problems
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.validate import check_structure
@@ -62,25 +61,18 @@ def prepare(
     """
     check_structure(proto)
     streaming = bool(options.view_as(pipeline_options.StandardOptions).streaming)
+    spark_options = options.view_as(SparkOptions)
     problems = find_unsupported(proto, streaming=streaming)
     pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
     plan = None
     if not problems:
         plan = plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain,
                              streaming=streaming)
-        if streaming:
-            from sparkbeam.streaming.plan import streaming_problems
-
-            problems.extend(streaming_problems(plan))
-    if streaming and not options.view_as(SparkOptions).checkpoint_dir:
-        problems.append(Unsupported("streaming without --checkpoint_dir", "the pipeline options",
-                                    "a streaming job needs a checkpoint directory"))
-    spark_options = options.view_as(SparkOptions)
-    for flag in ("max_items_per_batch", "max_bytes_per_batch"):
-        value = getattr(spark_options, flag)
-        if value is not None and value < 1:
-            problems.append(Unsupported(f"--{flag}={value}", "the pipeline options",
-                                        "a work budget must be at least 1"))
+        problems.extend(plan_problems(plan, streaming=streaming))
+    problems.extend(option_problems(
+        streaming=streaming, checkpoint_dir=spark_options.checkpoint_dir,
+        budgets={flag: getattr(spark_options, flag)
+                 for flag in ("max_items_per_batch", "max_bytes_per_batch")}))
     if problems:
         raise UnsupportedFeatureError(problems)
     assert plan is not None

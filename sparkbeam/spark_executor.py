@@ -23,7 +23,7 @@ from apache_beam.portability.api import beam_job_api_pb2, beam_runner_api_pb2
 from google.protobuf import json_format, struct_pb2
 
 from sparkbeam.errors import SparkBeamError
-from sparkbeam.options import SparkOptions
+from sparkbeam.options import option_actions
 from sparkbeam.runner import SparkJob, prepare
 
 _LOG = logging.getLogger(__name__)
@@ -104,12 +104,8 @@ class SparkJobExecutor:
         self._args = args
 
     def describe_options(self) -> list[beam_job_api_pb2.PipelineOptionDescriptor]:
-        parser = argparse.ArgumentParser()
-        SparkOptions._add_argparse_args(parser)
         out = []
-        for action in parser._actions:
-            if not action.option_strings or action.dest == "help":
-                continue
+        for action in option_actions():
             out.append(
                 beam_job_api_pb2.PipelineOptionDescriptor(
                     name=action.dest,

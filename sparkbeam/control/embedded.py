@@ -17,7 +17,7 @@ import hashlib
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +26,8 @@ from apache_beam.runners.portability.fn_api_runner import worker_handlers
 from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker
 from apache_beam.runners.worker.statecache import StateCache
 
-from sparkbeam.control.bundle_protocol import Reschedule
 from sparkbeam.control.shell import BundleShell, SplitsRunningBundle
+from sparkbeam.control.worker import BundleResult, OutputCap
 
 _LOG = logging.getLogger(__name__)
 
@@ -59,27 +59,6 @@ class ElementStream(data_plane.ClosableOutputStream):
 
     def close(self) -> None:
         self.maybe_flush()
-
-
-@dataclass
-class OutputCap:
-    """A budget on what one bundle outputs: when its elements reach `items` or `bytes`,
-    `on_reached` runs once, in the bundle's thread, between two elements (no SDK lock is held
-    there, so it may ask the SDK to checkpoint the element in progress)."""
-
-    items: int
-    bytes: int
-    on_reached: Callable[[], None]
-    taken_items: int = 0
-    taken_bytes: int = 0
-    reached: bool = False
-
-    def count(self, size: int) -> None:
-        self.taken_items += 1
-        self.taken_bytes += size
-        if not self.reached and (self.taken_items >= self.items or self.taken_bytes >= self.bytes):
-            self.reached = True
-            self.on_reached()
 
 
 class CappedElementStream(ElementStream):
@@ -196,17 +175,6 @@ class TaskStateHandler(sdk_worker.StateHandler):
 
 
 @dataclass
-class BundleResult:
-    """What one bundle produced."""
-
-    outputs: list[tuple[str, bytes]]  # (DATA_OUTPUT transform id, one encoded element)
-    timers: dict[tuple[str, str], list[bytes]]  # (transform, family) -> encoded timer chunks
-    reschedules: list[Reschedule]  # residual roots the SDK handed back (work shedding)
-    monitoring_infos: list[metrics_pb2.MonitoringInfo]  # committed once the task succeeds
-    elements_in: int = 0
-
-
-@dataclass
 class EmbeddedWorker(SplitsRunningBundle):
     """One BundleProcessor with its channel and state handler: a thin shell that feeds the
     bundle protocol (`control/shell.py`) and does what it says."""
@@ -269,6 +237,9 @@ class EmbeddedWorker(SplitsRunningBundle):
         processor.reset()
         self.channel.start_bundle(())
         return result
+
+    def set_output_cap(self, cap: OutputCap | None) -> None:
+        self.channel.cap = cap
 
     def try_split(
         self, request: beam_fn_api_pb2.ProcessBundleSplitRequest

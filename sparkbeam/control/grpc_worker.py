@@ -33,9 +33,10 @@ from apache_beam.runners import pipeline_context
 from apache_beam.utils import proto_utils
 
 from sparkbeam.control.boot import SdkWorkerProcess
-from sparkbeam.control.embedded import BundleResult, TaskStateHandler
+from sparkbeam.control.embedded import TaskStateHandler
 from sparkbeam.control.grpc_server import FnApiServer, WorkerLostError
 from sparkbeam.control.shell import BundleShell, SplitsRunningBundle
+from sparkbeam.control.worker import BundleResult, OutputCap
 from sparkbeam.errors import SdkWorkerError
 
 _LOG = logging.getLogger(__name__)
@@ -101,10 +102,14 @@ class GrpcWorker(SplitsRunningBundle):
     state: TaskStateHandler = field(default_factory=TaskStateHandler)
     failed_bundle_infos: list[metrics_pb2.MonitoringInfo] = field(default_factory=list)
     current_instruction: str | None = None  # the bundle running now, if any
+    cap: OutputCap | None = None  # what the next bundles may output, if capped
 
     @property
     def descriptor(self) -> beam_fn_api_pb2.ProcessBundleDescriptor:
         return self.spec.proto
+
+    def set_output_cap(self, cap: OutputCap | None) -> None:
+        self.cap = cap
 
     def _died(self, bundle_id: str, why: str | None) -> SdkWorkerError:
         return SdkWorkerError(
@@ -204,9 +209,12 @@ class GrpcWorker(SplitsRunningBundle):
                     out_timers[(element.transform_id, element.timer_family_id)].append(
                         element.timers)
                 else:
-                    outputs.extend(
-                        (element.transform_id, one)
-                        for one in spec.split(element.transform_id, element.data))
+                    for one in spec.split(element.transform_id, element.data):
+                        outputs.append((element.transform_id, one))
+                        if self.cap is not None:
+                            # Between two elements, on the receiving thread: a checkpoint
+                            # asked for here goes over the control stream while data flows.
+                            self.cap.count(len(one))
         except Exception as exc:
             # A data stream that breaks usually means the worker died: say so if it did.
             death = self._death_within(2.0)

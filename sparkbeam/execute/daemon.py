@@ -13,7 +13,7 @@ import apache_beam.runners.worker.sdk_worker  # noqa: F401
 import apache_beam.transforms.core  # noqa: F401
 from pyspark.daemon import manager
 
-import sparkbeam.execute.stage_task  # noqa: F401
+import sparkbeam.engine.task  # noqa: F401
 
 if __name__ == "__main__":
     manager()

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sparkbeam.engine.arrow import rows_of, to_arrow_batches
 from sparkbeam.execute.session import is_connect
 
 _LOG = logging.getLogger(__name__)
@@ -39,11 +40,6 @@ OUT_SCHEMA = T.StructType(
         T.StructField("value", T.BinaryType(), False),
     ]
 )
-_OUT_ARROW = pa.schema(
-    [("tag", pa.int32(), False), ("key", pa.binary()), ("value", pa.binary(), False)]
-)
-_BATCH_ROWS = 8192
-_BATCH_BYTES = 16 << 20
 
 
 class Datasets:
@@ -102,7 +98,7 @@ class Datasets:
 
             tc = TaskContext.get()
             attempt = (tc.stageId(), tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
-            yield from to_arrow_batches(task(_rows(batches), attempt))
+            yield from to_arrow_batches(task(rows_of(batches), attempt))
 
         if name:
             # The SQL tab of the Spark UI names each MapInArrow node by its function.
@@ -296,35 +292,3 @@ def _union(dfs: list[DataFrame]) -> DataFrame:
     for df in dfs[1:]:
         out = out.unionByName(df)
     return out
-
-
-def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, Any, bytes]]:
-    for batch in batches:
-        inputs = batch.column(0).to_pylist()
-        keys = batch.column(1).to_pylist()
-        values = batch.column(2).to_pylist()
-        yield from zip(inputs, keys, values, strict=True)
-
-
-def to_arrow_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:
-    tags: list[int] = []
-    keys: list[Any] = []
-    values: list[bytes] = []
-    size = 0
-    for tag, key, value in rows:
-        tags.append(tag)
-        keys.append(key)
-        values.append(value)
-        size += len(value)
-        if len(tags) >= _BATCH_ROWS or size >= _BATCH_BYTES:
-            yield _batch(tags, keys, values)
-            tags, keys, values, size = [], [], [], 0
-    if tags:
-        yield _batch(tags, keys, values)
-
-
-def _batch(tags: list[int], keys: list[Any], values: list[bytes]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(tags, pa.int32()), pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
-        schema=_OUT_ARROW,
-    )

@@ -11,19 +11,26 @@ from typing import Any
 from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 
-from sparkbeam.errors import ExecutionError, JobCancelledError, UserCodeError
-from sparkbeam.execute import worker_context
+from sparkbeam.engine.context import pipeline_context
+from sparkbeam.engine.side_inputs import side_input_state
+from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
+from sparkbeam.engine.task_errors import stage_error
+from sparkbeam.errors import ExecutionError, JobCancelledError
 from sparkbeam.execute.dataset import Datasets
-from sparkbeam.execute.side_inputs import side_input_state
-from sparkbeam.execute.task_errors import parse_error_payload
-from sparkbeam.execute.stage_task import (
-    METRICS_TAG,
-    TaskSpec,
-    run_stage_task,
-)
-from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage
+from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
 
 _LOG = logging.getLogger(__name__)
+
+# How each kind of stage gets its input: as its producers left it, partitioned and sorted by
+# the encoded key (each key in one task, its rows together), or dealt round-robin over the
+# partitions (the restrictions of a splittable read). A kind without a row is an error.
+_ARRANGE: dict[StageKind, Callable[[Datasets, Any], Any] | None] = {
+    StageKind.PLAIN: None,
+    StageKind.GROUPED: Datasets.by_key,
+    StageKind.STATEFUL: Datasets.by_key,
+    StageKind.STATEFUL_SPLITTABLE: Datasets.by_key,
+    StageKind.SPLITTABLE: Datasets.spread,
+}
 
 
 @dataclass
@@ -92,7 +99,7 @@ class Executor:
         buffers: dict[bytes, list[Any]] = {}
         materialised: dict[bytes, list[bytes]] = {}
         outputs: list[tuple[Stage, Any]] = []
-        ctx = worker_context.pipeline_context(plan.components)
+        ctx = pipeline_context(plan.components)
         try:
             with self.ds.job_group(job_id, f"sparkbeam {job_id}"):
                 for stage in plan.stages:
@@ -154,11 +161,12 @@ class Executor:
                 partitions += sum(self._partitions.get(id(part), 1) for part in parts)
             inputs.append(self.ds.as_input(df, n))
         stage_in = self.ds.union(inputs)
-        if stage.keyed_input:
-            stage_in = self.ds.by_key(stage_in)
-            partitions = self.ds.parallelism
-        elif stage.splittable:
-            stage_in = self.ds.spread(stage_in)
+        if stage.kind not in _ARRANGE:
+            raise ExecutionError(f"{stage.display}: the batch executor has no rule for a "
+                                 f"{stage.kind.value} stage")
+        arrange = _ARRANGE[stage.kind]
+        if arrange is not None:
+            stage_in = arrange(self.ds, stage_in)
             partitions = self.ds.parallelism
         shipped = None
         if stage.side_inputs:
@@ -185,7 +193,8 @@ class Executor:
             bundle_bytes=self.settings.bundle_bytes,
             job_id=job_id,
             metrics_address=self.settings.metrics_address,
-            rebalance_address=self.settings.rebalance_address if stage.splittable else None,
+            rebalance_address=(self.settings.rebalance_address
+                               if stage.kind is StageKind.SPLITTABLE else None),
             partitions=max(1, partitions),
             pipeline_options=self.settings.pipeline_options,
             worker_connect_timeout_s=self.settings.worker_connect_timeout_s,
@@ -197,24 +206,3 @@ class Executor:
             buffers.setdefault(output.buffer_id, []).append(selected)
         self.stage_partitions[stage.label] = max(1, partitions)
         return out
-
-
-def stage_error(stage: Stage | None, exc: BaseException) -> Exception:
-    text = str(exc)
-    payload = parse_error_payload(text)
-    if payload is not None and payload.get("kind") == "worker":
-        return ExecutionError(
-            f"{payload['stage']}: {payload['type']}: {payload['message']}"
-        )
-    if payload is not None:
-        return UserCodeError(
-            stage=payload["stage"],
-            transform=payload["transform"],
-            exc_type=payload["type"],
-            exc_message=payload["message"],
-            user_traceback=payload["traceback"],
-        )
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    summary = "\n".join(lines[:3] + (["..."] if len(lines) > 6 else []) + lines[-3:])
-    where = stage.display if stage is not None else "the job"
-    return ExecutionError(f"Spark failed while running {where}: {type(exc).__name__}: {summary}")

@@ -1,19 +1,25 @@
-"""Prepare-time check: every feature of a pipeline that sparkbeam cannot run, found at once.
+"""Prepare-time checks: every feature of a pipeline that sparkbeam cannot run, found at once.
 
-Fails closed, like a translation table: a leaf transform whose URN has no rule here or in the
-SDK's bundle processor is reported, never silently mis-executed.
+Every check Prepare makes lives here and runs once (`runner.prepare` gathers them into one
+`UnsupportedFeatureError`): the proto's transforms, environments, coders and windowing
+(`find_unsupported`), the planned stages in streaming (`plan_problems`: by the stage's kind and
+side inputs, through `STREAMING_STAGES`) and the options (`option_problems`). Each fails
+closed, like a translation table: a leaf transform whose URN has no rule here or in the SDK's
+bundle processor, or a streaming stage whose (kind, side inputs) has no row, is reported,
+never silently mis-executed. (The well-formedness of the proto is `validate.py`'s, first.)
 """
 from __future__ import annotations
 
 import logging
 
-from apache_beam.portability import common_urns
+from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 from apache_beam.runners.worker import bundle_processor
 
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
+from sparkbeam.plan.model import Plan, Stage, StageKind, side_input_proto
 
 _LOG = logging.getLogger(__name__)
 
@@ -148,3 +154,72 @@ def _dedup(items: list[Unsupported]) -> list[Unsupported]:
             seen.add(item)
             out.append(item)
     return out
+
+
+# The streaming engine's operators, by (stage kind, reads side inputs). The streaming query
+# builds each stage from the row of this table (`streaming/query.py`, tested to agree); a
+# combination without a row is refused at Prepare with its reason from STREAMING_REFUSED.
+STREAMING_STAGES: dict[tuple[StageKind, bool], str] = {
+    (StageKind.PLAIN, False): "mapInArrow over each micro-batch",
+    (StageKind.GROUPED, False): "mapInArrow over the panes of its GroupByKey",
+    (StageKind.PLAIN, True): "transformWithState: elements wait for their side inputs",
+    (StageKind.GROUPED, True): "transformWithState: panes wait for their side inputs",
+    (StageKind.STATEFUL, False): "transformWithState: user state and timers per key",
+    (StageKind.SPLITTABLE, False): "transformWithState: restrictions per spread key",
+}
+STREAMING_REFUSED: dict[tuple[StageKind, bool], tuple[str, str]] = {
+    (StageKind.STATEFUL, True): ("side inputs of a stateful DoFn in streaming",
+                                 "not built yet in the streaming engine"),
+    (StageKind.SPLITTABLE, True): (
+        "side inputs read by a splittable DoFn in streaming",
+        "its elements cannot wait for the side input inside the read; read the side input in "
+        "a transform after the read (its consumers start a stage of their own)"),
+    (StageKind.STATEFUL_SPLITTABLE, False): ("a splittable DoFn with user state in streaming",
+                                             "not built yet in the streaming engine"),
+    (StageKind.STATEFUL_SPLITTABLE, True): ("a splittable DoFn with user state in streaming",
+                                            "not built yet in the streaming engine"),
+}
+
+
+def plan_problems(plan: Plan, *, streaming: bool) -> list[Unsupported]:
+    """What the engine cannot run of the planned stages (streaming only: batch runs every
+    kind)."""
+    if not streaming:
+        return []
+    found: list[Unsupported] = []
+    for stage in plan.stages:
+        where = f"{stage.label} [{stage.description}]"
+        row = (stage.kind, bool(stage.side_inputs))
+        if row not in STREAMING_STAGES:
+            what, hint = STREAMING_REFUSED.get(
+                row, (f"a {stage.kind.value} stage{' with side inputs' * row[1]} in streaming",
+                      "no streaming operator for it"))
+            found.append(Unsupported(what, where, hint))
+        found.extend(_side_mapping_problems(stage, where))
+    return found
+
+
+def option_problems(*, streaming: bool, checkpoint_dir: str | None,
+                    budgets: dict[str, int | None]) -> list[Unsupported]:
+    """Options that make the job impossible, whatever the pipeline."""
+    found = []
+    if streaming and not checkpoint_dir:
+        found.append(Unsupported("streaming without --checkpoint_dir", "the pipeline options",
+                                 "a streaming job needs a checkpoint directory"))
+    for flag, value in budgets.items():
+        if value is not None and value < 1:
+            found.append(Unsupported(f"--{flag}={value}", "the pipeline options",
+                                     "a work budget must be at least 1"))
+    return found
+
+
+def _side_mapping_problems(stage: Stage, where: str) -> list[Unsupported]:
+    """Streaming side inputs wait for their window: the mapping must be a Python one."""
+    found = []
+    for use in stage.side_inputs:
+        spec = side_input_proto(stage, use).window_mapping_fn
+        if spec.urn != python_urns.PICKLED_WINDOW_MAPPING_FN:
+            found.append(Unsupported(f"side input window mapping {spec.urn or '(none)'}",
+                                     f"{where}, side input '{use.tag}'",
+                                     "only Python window mapping functions are supported"))
+    return found

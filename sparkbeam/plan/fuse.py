@@ -33,6 +33,7 @@ from sparkbeam.plan.model import (
     SideInputUse,
     Stage,
     StageInput,
+    StageKind,
     StageOutput,
     TimerFamily,
 )
@@ -191,7 +192,7 @@ def _plan_stage(
                 )
         if t.spec.urn == urns.SPLITTABLE_PROCESS:
             splittable = splittable or any(p in input_pcolls for p in t.inputs.values())
-    keyed = _is_keyed(stage)
+    keyed = _is_keyed(stage)  # stateful, or reading a GroupByKey's output
     return Stage(
         index=-1,
         name=stage.name,
@@ -205,9 +206,7 @@ def _plan_stage(
             use for t in stage.transforms for use in side_uses.get(t.unique_name, [])
         ),
         timers=tuple(timers),
-        stateful=stage.is_stateful(),
-        keyed_input=keyed,
-        splittable=splittable and not keyed,
+        kind=StageKind.of(stateful=stage.is_stateful(), grouped=keyed, splittable=splittable),
         environment_id=stage.environment or "",
         environment=(
             comps.environments[stage.environment].SerializeToString()

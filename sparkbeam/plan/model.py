@@ -4,9 +4,42 @@ Protos travel as serialized bytes (PySpark cannot pickle upb messages captured i
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
+from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
+
 IMPULSE_BUFFER = b"impulse"
+
+
+class StageKind(enum.Enum):
+    """How a stage's input reaches it and what it keeps between elements; computed once, when
+    the plan is made. The executors and the checks dispatch on it through tables that fail
+    closed (a kind without a row is an error, never a default)."""
+
+    PLAIN = "plain"  # any partitioning; nothing kept across elements
+    GROUPED = "grouped"  # reads GroupByKey output: input partitioned and sorted by key
+    STATEFUL = "stateful"  # user state or timers: partitioned by key, keys finished in turn
+    SPLITTABLE = "splittable"  # processes restrictions of a splittable DoFn: input spread
+    STATEFUL_SPLITTABLE = "stateful splittable"  # both: keyed in batch, refused in streaming
+
+    @property
+    def keyed(self) -> bool:
+        """Its input is partitioned and sorted by the encoded key."""
+        return self in (StageKind.GROUPED, StageKind.STATEFUL, StageKind.STATEFUL_SPLITTABLE)
+
+    @property
+    def stateful(self) -> bool:
+        """It keeps user state or timers per key."""
+        return self in (StageKind.STATEFUL, StageKind.STATEFUL_SPLITTABLE)
+
+    @staticmethod
+    def of(*, stateful: bool, grouped: bool, splittable: bool) -> StageKind:
+        if stateful:
+            return StageKind.STATEFUL_SPLITTABLE if splittable else StageKind.STATEFUL
+        if grouped:
+            return StageKind.GROUPED
+        return StageKind.SPLITTABLE if splittable else StageKind.PLAIN
 
 
 @dataclass(frozen=True)
@@ -74,9 +107,7 @@ class Stage:
     outputs: tuple[StageOutput, ...]
     side_inputs: tuple[SideInputUse, ...] = ()
     timers: tuple[TimerFamily, ...] = ()
-    stateful: bool = False  # user state or timers: input partitioned by key, keys finished in turn
-    keyed_input: bool = False  # input partitioned and sorted by key (stateful or grouped input)
-    splittable: bool = False  # processes restrictions of a splittable DoFn: spread its input
+    kind: StageKind = StageKind.PLAIN
     environment_id: str = ""  # the SDK environment its transforms run in
     environment: bytes = b""  # that Environment, serialized (tasks pick their worker by it)
 
@@ -94,10 +125,12 @@ class Plan:
     groupings: dict[bytes, Grouping] = field(default_factory=dict)
     pickle_library: str = "default"
 
-    def consumers(self, buffer_id: bytes) -> list[Stage]:
-        return [s for s in self.stages if any(i.buffer_id == buffer_id for i in s.inputs)]
 
-    def side_input_consumers(self, buffer_id: bytes) -> list[Stage]:
-        return [
-            s for s in self.stages if any(si.buffer_id == buffer_id for si in s.side_inputs)
-        ]
+def side_input_proto(stage: Stage, use: SideInputUse) -> beam_runner_api_pb2.SideInput:
+    """The SideInput of `use` as the stage's descriptor declares it."""
+    descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(
+        descriptor.transforms[use.transform_id].spec.payload)
+    if use.tag not in payload.side_inputs:
+        raise KeyError(f"{stage.label}: transform {use.transform_id} has no side input {use.tag}")
+    return payload.side_inputs[use.tag]

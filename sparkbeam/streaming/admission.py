@@ -1,11 +1,11 @@
 """Admission of one micro-batch under the work budget (pure: no pyspark).
 
-Both streaming sources plan a batch in `latestOffset(start, limit)` the same way: the batch
+The streaming source plans a batch in `latestOffset(start, limit)` (`beam_source.py`): the batch
 before it has run by then (Spark plans the next batch only once the previous one is done), so
 its in-flight work is processed and every endpoint's budget is topped up (`BudgetDistributor`:
 shares are *set*, never adjusted); the endpoints that have work form the current endpoint set,
-published as a new version when it changes (`EndpointSetTracker`: newest wins, survivors keep
-their readers, stale ones are closed without blocking); each endpoint may then take at most its
+published as a new version when it changes (`EndpointSetTracker`: newest wins; the budget is
+set for the new set); each endpoint may then take at most its
 remaining share, and the batch as a whole at most the total, split exactly (`batch_limit`). An
 endpoint left with work it could not take is held back, and the time until its budget is
 topped up again is its throttle time.
@@ -17,17 +17,6 @@ from dataclasses import dataclass
 
 from sparkbeam.streaming.budget import BudgetDistributor, WorkBudget, batch_limit
 from sparkbeam.streaming.endpoints import EndpointSet, EndpointSetTracker
-
-
-class _Reader:
-    """A survivor keeps its reader across endpoint sets; a batch source has nothing to free."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
 
 
 @dataclass(frozen=True)
@@ -45,8 +34,7 @@ class BatchAdmission:
 
     def __init__(self, total: WorkBudget) -> None:
         self.total = total
-        self.tracker = EndpointSetTracker(_Reader, BudgetDistributor(total),
-                                          close_later=lambda reader: reader.close())
+        self.tracker = EndpointSetTracker(None, BudgetDistributor(total))
         self._version = 0
 
     @property

@@ -5,24 +5,23 @@ evenly over the endpoints it reads from (`distribute_evenly`); `BudgetDistributo
 per endpoint, what it may still read (remaining) and what it has read but not yet processed
 (in flight). `batch_limit` is the stateless admission for one Spark micro-batch.
 
-Rules, and the review of Dataflow's StreamingEngineClient (apache/beam#28835) they answer:
+Invariants:
 
-- Budgets are SET on each distribution, never adjusted by a delta. The reviewed code added
-  ``desired - remaining`` to the remaining budget and rounded shares up, which "will drift upwards
-  over the lifetime of the stream if the budget is a closed loop". Here an endpoint's remaining
-  budget is always recomputed as ``share - in_flight`` (floored at zero), so admissions never lift
-  in-flight work above the share, and the sum of shares is a function of (total, n) alone.
-  Work admitted before a redistribution shrank a share is not recalled; it drains first.
+- Budgets are SET on each distribution, never adjusted by a delta: an endpoint's remaining
+  budget is always ``share - in_flight`` (floored at zero), so admissions never lift in-flight
+  work above the share, and the sum of shares is a function of (total, n) alone (a budget that
+  is a closed loop cannot drift upwards). Work admitted before a redistribution shrank a share
+  is not recalled; it drains first.
 - Ceil-rounded shares may exceed the total by n-1 per dimension; where that matters (one Spark
   batch) `batch_limit` splits the cap exactly, so a batch never admits more than the total.
-- Top-up when an endpoint's in-flight work falls to half its share or below (both dimensions, so
-  the binding dimension decides; the reviewed code refilled when *either* dimension of the
-  remaining budget was below half, which refills on every call for the non-binding one).
-- Per-endpoint top-ups log at DEBUG: the reviewers found the per-stream INFO lines "too spammy".
-- No locks: the distributor is owned by the one consumer thread (reviewers: "don't think this
-  needs synchronized"); `endpoints.EndpointSetTracker` is the only thread-safe seam.
+- An endpoint is topped up when its in-flight work falls to half its share or below in both
+  dimensions, so the binding dimension decides (the other one alone never triggers a refill).
+- Per-endpoint top-ups log at DEBUG only (one line per endpoint per batch would drown the log).
+- No locks: the distributor belongs to the one consumer thread; `endpoints.EndpointSetTracker`
+  is the only thread-safe seam.
+- An endpoint must have a budget before it is used (`distribute` first), or it is an error.
 - Throttle time (an endpoint with pending work held at zero budget) is accumulated per endpoint
-  and kept when the endpoint goes away, to be reported as a metric (``getAndResetThrottleTimes``).
+  and kept when the endpoint goes away, to be reported as a metric.
 """
 from __future__ import annotations
 
@@ -235,7 +234,6 @@ class BudgetDistributor:
     def _state(self, endpoint: str) -> _EndpointBudget:
         state = self._budgets.get(endpoint)
         if state is None:
-            # The reviewers asked to enforce that budgets exist before streams use them.
             raise SparkBeamError(
                 f"work budget: endpoint {endpoint!r} has no budget; expected one of "
                 f"{sorted(self._budgets)} (call distribute() with the endpoint set first)"

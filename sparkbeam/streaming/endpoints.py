@@ -2,26 +2,20 @@
 
 The backend tells a worker, from time to time, which endpoints to read work from and which serve
 side inputs ("global data"). `EndpointSetTracker.publish` takes such a set from any thread;
-`consume`, on the one consumer thread, applies the newest one: readers of surviving endpoints
-are kept, new endpoints get a reader, stale readers are closed in the background, and the work
-budget is redistributed over the new set.
+`consume`, on the one consumer thread, applies the newest one. Invariants:
 
-Rules, and the review of Dataflow's StreamingEngineClient (apache/beam#28835) they answer:
-
-- One pending slot, newest version wins; older or equal versions are ignored and counted, and a
-  pending set replaced by a newer one is never applied ("if consuming is slower than updates are
-  received this will do unnecessary processing ... keep the last added element").
-- Readers are built in one pass, ``existing reader or open a new one`` per endpoint ("how about
-  just a single loop"), and a reader is opened once and reused for the endpoint's lifetime (the
-  reviewers' ``Suppliers.memoize`` point: create once, obviously correct, no double check).
-- Stale readers go to `close_later`, which must not block ("verify this is non-blocking, add a
-  comment that it doesn't block"); the default closes each on its own daemon thread.
-- Failures propagate to the consumer loop instead of being logged and swallowed ("better to
-  crash and restart than get stuck forever"); readers opened for the failed set are closed.
-- The tracker is usable once built: `consume` never waits for a first set (the reviewers asked
-  that callers not have to call a blocking start method).
-- Global-data endpoints get their own readers and no work budget, as in the reviewed code.
-- The lock guards only the pending slot (reviewers: no ``synchronized`` where not needed).
+- One pending slot: a set whose version is not newer than one published before is ignored (and
+  counted); a pending set replaced by a newer one is never applied.
+- One reader per endpoint for as long as the endpoint is in the set: a surviving endpoint keeps
+  its reader, a new one gets a reader opened once (`_reuse_or_open`, one pass), a gone one's
+  reader is handed to `close_later`, which never blocks the consumer (the default closes it on
+  a daemon thread of its own). Without `open_reader` the endpoints are tracked with no readers.
+- Global-data endpoints get readers of their own and no work budget.
+- Applying a set redistributes the work budget over its endpoints (set, never adjusted).
+- A failure to open readers propagates to the consumer (the readers opened for the failed set
+  are closed and the set stays pending for a retry), rather than being logged and skipped.
+- The tracker needs no start call: `consume` never waits for a first set. The lock guards the
+  pending slot only; the applied state belongs to the consumer thread.
 """
 from __future__ import annotations
 
@@ -83,13 +77,15 @@ class EndpointSetTracker:
 
     def __init__(
         self,
-        open_reader: Callable[[str], Reader],
+        open_reader: Callable[[str], Reader] | None,
         distributor: BudgetDistributor,
         *,
         open_global_data_reader: Callable[[str], Reader] | None = None,
         close_later: Callable[[Reader], None] = close_on_daemon_thread,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # None: the endpoints are tracked and budgeted without readers (a source that plans
+        # batches reads through Spark's tasks, not through per-endpoint streams).
         self._open_reader = open_reader
         self._open_global_data_reader = open_global_data_reader or open_reader
         self._close_later = close_later
@@ -202,10 +198,12 @@ class EndpointSetTracker:
     def _reuse_or_open(
         endpoints: frozenset[str],
         existing: Mapping[str, Reader],
-        open_reader: Callable[[str], Reader],
+        open_reader: Callable[[str], Reader] | None,
         opened: list[Reader],
     ) -> dict[str, Reader]:
         readers: dict[str, Reader] = {}
+        if open_reader is None:
+            return readers
         for endpoint in sorted(endpoints):
             reader = existing.get(endpoint)
             if reader is None:

@@ -18,11 +18,11 @@ from apache_beam.transforms import trigger
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
-from sparkbeam.execute import worker_context
+from sparkbeam.engine.context import pipeline_context
+from sparkbeam.engine.timers import timer_rounds
 from sparkbeam.plan.model import Grouping
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Pending
 
-_MAX_ROUNDS = 100_000
 
 
 class RunnerClock:
@@ -122,7 +122,8 @@ class KeyGrouper:
 
     def __init__(self, grouping: Grouping, components: bytes) -> None:
         memoize_without_extraction()
-        ctx = worker_context.pipeline_context(components)
+        self.transform_id = grouping.transform_id
+        ctx = pipeline_context(components)
         pre = ctx.coders[grouping.input_coder_id]
         self._pre = pre.get_impl()
         self._key = pre.key_coder().get_impl()
@@ -193,7 +194,7 @@ class KeyGrouper:
         processing: Timestamp,
         out: list[bytes],
     ) -> None:
-        for _ in range(_MAX_ROUNDS):
+        for _ in timer_rounds(f"the trigger timers of GroupByKey {self.transform_id!r}"):
             due, _ = state.get_timers(clear=True, watermark=watermark, processing_time=processing)
             if not due:
                 return
@@ -201,7 +202,6 @@ class KeyGrouper:
                 for pane in self.driver.process_timer(window, name, domain, timestamp, state,
                                                       watermark):
                     out.append(self._encode(key, decoded_key, pane))
-        raise RuntimeError(f"trigger timers kept re-arming for {_MAX_ROUNDS} rounds")
 
     def _encode(self, key: bytes, decoded_key: list[Any], pane: Any) -> bytes:
         if not decoded_key:

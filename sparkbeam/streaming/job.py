@@ -2,19 +2,26 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from apache_beam.options import pipeline_options
 from apache_beam.metrics import monitoring_infos
 from apache_beam.portability.api import metrics_pb2
 
-from sparkbeam.control.metrics_channel import MetricsCollector
 from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.model import Plan
 from sparkbeam.streaming.budget import THROTTLE_COUNTER, THROTTLE_NAMESPACE
 from sparkbeam.streaming.plan import streaming_plan
 from sparkbeam.streaming.query import StreamingQueryRun, StreamingSettings
+
+
+class MetricsCollector(Protocol):
+    """The driver's collector of task reports (`control.metrics_channel`), as used here."""
+
+    address: str
+
+    def attempt_reports(self, job: str) -> Mapping[Any, Any]: ...
 
 
 def run_streaming(

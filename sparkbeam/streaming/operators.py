@@ -1,11 +1,11 @@
 """The Spark side of streaming stages: what runs inside `mapInArrow` and `transformWithState`.
 
-A stateless stage runs the batch stage task (`execute/stage_task.py`) over each micro-batch's
+A stateless stage runs the stage task (`engine/task.py`) over each micro-batch's
 rows. A GroupByKey runs as `transformWithState` keyed by the encoded key, in ProcessingTime mode:
 Beam's state and timers for the key are one blob (`gbk.py`), and a key that still has Beam timers
 keeps one Spark timer a millisecond after the batch, so it is woken next batch and fires whatever
 the new runner time allows (processing-time timers therefore fire within one trigger interval).
-The runner's time comes from the offset log (`clock.py`).
+The runner's time comes from the offset log (`checkpoint.py`).
 """
 from __future__ import annotations
 
@@ -20,27 +20,24 @@ from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
-from sparkbeam.execute.dataset import to_arrow_batches
-from sparkbeam.execute.side_inputs import side_input_state
-from sparkbeam.execute.stage_task import METRICS_TAG, TaskSpec, run_stage_task
-from sparkbeam.execute.task_errors import error_payload
+from sparkbeam.engine.arrow import rows_of, to_arrow_batches
+from sparkbeam.engine.context import pipeline_context, prepare
+from sparkbeam.engine.side_inputs import side_input_state
+from sparkbeam.engine.task import METRICS_TAG, TaskSpec, report_infos, run_stage_task
+from sparkbeam.engine.task_errors import error_payload
+from sparkbeam.engine.watermarks import held_watermarks, holds_back, watermark_at_start
 from sparkbeam.plan.model import Grouping
-from sparkbeam.streaming.clock import OffsetLogClock
-from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, load_state, pending_of
-from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, MIN_MICROS, Pending, RunnerTime
-from sparkbeam.streaming.sides import (
-    HoldStore,
-    SideReadiness,
+from sparkbeam.streaming.checkpoint import (
+    CheckpointLayout,
+    FileHoldStore,
+    OffsetLogClock,
     SideStore,
-    StreamingSide,
-    hold_path,
-    holds_back,
-    values_of,
-    watermark_at_start,
     write_hold,
     write_side_file,
 )
+from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, load_state, pending_of
+from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, Pending, RunnerTime
+from sparkbeam.streaming.sides import SideReadiness, StreamingSide, values_of
 from sparkbeam.streaming.splittable import SplittableKey, spread_endpoint
 from sparkbeam.streaming.stateful import KeyStage, rows_by_input
 
@@ -59,12 +56,7 @@ class StageTask:
         tc = TaskContext.get()
         batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or 0) if tc else 0
         attempt = (batch_id, tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
-        rows = (
-            (self.input_tags[tag], key, value)
-            for batch in batches
-            for tag, key, value in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
-                                       batch.column(2).to_pylist(), strict=True)
-        )
+        rows = ((self.input_tags[tag], key, value) for tag, key, value in rows_of(batches))
         outputs = run_stage_task(self.spec, rows, {}, attempt)
         # Streaming metrics reach the driver through the metrics channel, not as rows.
         yield from to_arrow_batches(
@@ -87,17 +79,17 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
                  ) -> None:
         self.pickle_library = pickle_library
         self.checkpoint = checkpoint
-        self.holds = holds  # holding stages upstream (`sides.holds_back`): they bound the watermark
+        # Holding stages upstream (`watermarks.holds_back`): they bound the watermark.
+        self.holds = holds
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        from sparkbeam.execute import worker_context
-
-        worker_context.prepare(self.pickle_library)
+        prepare(self.pickle_library)
         self.handle = handle
         self.blob = handle.getValueState(
             "beam", "blob binary, event long, processing long, hold long")
-        self.clock = OffsetLogClock(self.checkpoint)
-        self.hold_store = HoldStore(self.checkpoint)
+        self.layout = CheckpointLayout(self.checkpoint)
+        self.clock = OffsetLogClock(self.layout)
+        self.hold_store = FileHoldStore(self.layout)
         self.batch = -1
         # The earliest hold (pending output time, waiting element, residual restriction) of
         # what this task ran in its batch; holding stages write it at close.
@@ -118,8 +110,8 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
 
     def _step(self, key: bytes, rows: list[Row], timer_values: Any, woken: bool) -> Iterator[Row]:
         now_ms = timer_values.getCurrentProcessingTimeInMs()
-        self.batch = self.clock.batch_at(now_ms)
-        time = self._time(now_ms)
+        self.batch, time = self.clock.at(now_ms)
+        time = self._held(time)
         saved = self.blob.get()  # None when the key has no state
         waited = None if saved is None or saved[1] is None else Pending(*saved[1:])
         if woken and (waited is None or not waited.due(time)):
@@ -144,19 +136,21 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
             self.blob.update((blob, pending.event, pending.processing, pending.hold))
         return iter(out)
 
-    def _time(self, now_ms: int) -> RunnerTime:
-        time = self.clock.at(now_ms)
+    def _held(self, time: RunnerTime) -> RunnerTime:
+        """Downstream of holding stages, event time runs one batch behind, held back by the
+        work still waiting there (`engine.watermarks`)."""
         if not self.holds:
             return time
-        # Downstream of holding stages, event time runs one batch behind, held back by the
-        # elements and restrictions still waiting there (`sides.py`).
-        after = self._watermark_at_start(self.batch)
-        before = self._watermark_at_start(self.batch - 1) if self.batch > 0 else MIN_MICROS
-        return dataclasses.replace(time, watermark_before=min(before, after), watermark=after)
+        before, after = held_watermarks(self.batch, self.holds, self.hold_store,
+                                        self._runner_watermark_at_start)
+        return dataclasses.replace(time, watermark_before=before, watermark=after)
 
-    def _watermark_at_start(self, batch: int, holds: tuple[str, ...] | None = None) -> int:
-        return watermark_at_start(self.clock.of_batch(batch).watermark_before,
-                                  self.holds if holds is None else holds, self.hold_store, batch)
+    def _runner_watermark_at_start(self, batch: int) -> int:
+        return self.clock.of_batch(batch).watermark_before
+
+    def _watermark_at_start(self, batch: int, holds: tuple[str, ...]) -> int:
+        return watermark_at_start(self._runner_watermark_at_start(batch), holds,
+                                  self.hold_store, batch)
 
     def close(self) -> None:
         pass
@@ -167,8 +161,7 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         if self.batch < 0:
             return
         tc = TaskContext.get()
-        write_hold(hold_path(self.checkpoint, label), self.batch, tc.partitionId() if tc else 0,
-                   hold)
+        write_hold(self.layout.hold_dir(label), self.batch, tc.partitionId() if tc else 0, hold)
 
 
 class GroupByKeyProcessor(_KeyedProcessor):
@@ -227,8 +220,7 @@ class _PerKeyStageProcessor(_KeyedProcessor):
             return
         tc = TaskContext.get()
         partition, attempt = (tc.partitionId(), tc.attemptNumber()) if tc else (0, 0)
-        key = AttemptKey(spec.job_id, spec.stage.label, self.batch, partition, attempt)
-        MetricsReporter(spec.metrics_address, key).report(infos, final=True, ok=not self.failed)
+        report_infos(spec, (self.batch, partition, attempt), infos, ok=not self.failed)
 
 
 class StatefulStageProcessor(_PerKeyStageProcessor):
@@ -289,15 +281,13 @@ class SideInputStageProcessor(_KeyedProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         super().init(handle)
-        from sparkbeam.execute import worker_context
-
-        ctx = worker_context.pipeline_context(self.task.spec.components)
+        ctx = pipeline_context(self.task.spec.components)
         stage = self.task.spec.stage
         self.readiness = SideReadiness(
             stage, self.sides,
             {n: ctx.coders[i.coder_id].get_impl() for n, i in enumerate(stage.inputs)},
         )
-        self.store = SideStore(self.checkpoint)
+        self.store = SideStore(self.layout)
         self.ctx = ctx
         self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
         self._filled: dict[tuple[int, int], set[Any]] = {}

@@ -25,15 +25,10 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam import urns
-from sparkbeam.errors import Unsupported, UnsupportedFeatureError
-from sparkbeam.execute import worker_context
-from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage
-from sparkbeam.streaming.sides import (
-    StreamingSide,
-    is_triggered,
-    side_problems,
-    upstream_holds,
-)
+from sparkbeam.engine.context import pipeline_context
+from sparkbeam.engine.watermarks import upstream_holds
+from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
+from sparkbeam.streaming.sides import StreamingSide, is_triggered
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Endpoint, Item, Script
 
 IMPULSE_TAG = 0
@@ -64,7 +59,7 @@ class StreamingPlan:
 
     @property
     def holding(self) -> tuple[str, ...]:
-        """Labels of the stages that keep work across micro-batches (`sides.holds_back`)."""
+        """Labels of the stages that keep work across micro-batches (`watermarks.holds_back`)."""
         return tuple(sorted({label for labels in self.holds.values() for label in labels}))
 
     @property
@@ -89,22 +84,8 @@ def test_stream_of(stage: Stage, test_streams: dict[str, beam_runner_api_pb2.PTr
     return None
 
 
-def streaming_problems(plan: Plan) -> list[Unsupported]:
-    """What this streaming engine cannot run yet, all at once (prepare time)."""
-    found = []
-    for stage in plan.stages:
-        where = f"{stage.label} [{stage.description}]"
-        found.extend(side_problems(stage))
-        if stage.splittable and stage.stateful:
-            found.append(Unsupported("a splittable DoFn with user state in streaming", where,
-                                     "not built yet in the streaming engine"))
-    return found
-
-
 def streaming_plan(plan: Plan) -> StreamingPlan:
-    problems = streaming_problems(plan)
-    if problems:
-        raise UnsupportedFeatureError(problems)
+    """The plan as one streaming query sees it (Prepare has checked it: `plan.check`)."""
     tags: dict[bytes, int] = {IMPULSE_BUFFER: IMPULSE_TAG}
     for stage in plan.stages:
         for buffer_id in [i.buffer_id for i in stage.inputs] + [o.buffer_id for o in stage.outputs]:
@@ -124,7 +105,8 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
         impulse = Item(rows=((IMPULSE_TAG, None, ENCODED_IMPULSE_VALUE),))
         endpoints.append(Endpoint(IMPULSE_ENDPOINT, (impulse,)))
     # Splittable reads (e.g. PeriodicImpulse) follow the wall clock; TestStreams their own.
-    script = Script(tuple(endpoints), test_clock=not any(s.splittable for s in stages))
+    script = Script(tuple(endpoints),
+                    test_clock=not any(s.kind is StageKind.SPLITTABLE for s in stages))
     comps = beam_runner_api_pb2.Components.FromString(plan.components)
     holding_groupings = {
         buffer_id: grouping_hold_label(tags[buffer_id])
@@ -173,7 +155,7 @@ def _test_stream_endpoint(plan: Plan, stage: Stage, transform: beam_runner_api_p
                           tags: dict[bytes, int]) -> Endpoint:
     """A TestStream's events as items: elements encoded for the stage's outputs."""
     descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
-    ctx = worker_context.pipeline_context(plan.components)
+    ctx = pipeline_context(plan.components)
     payload = beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
     element_coder = ctx.coders[payload.coder_id]
     by_pcoll = {}

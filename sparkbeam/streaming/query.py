@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,12 +19,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sparkbeam.engine.task import TaskSpec
+from sparkbeam.engine.task_errors import stage_error
 from sparkbeam.errors import ExecutionError, JobCancelledError
-from sparkbeam.execute.executor import stage_error
-from sparkbeam.execute.stage_task import TaskSpec
-from sparkbeam.plan.model import Stage
+from sparkbeam.plan.model import Stage, StageKind
 from sparkbeam.streaming.beam_source import BeamSource, encode
-from sparkbeam.streaming.clock import read_offset_entry
+from sparkbeam.streaming.checkpoint import CheckpointLayout, FileHoldStore, read_offset_entry
 from sparkbeam.streaming.operators import (
     ROW_SCHEMA,
     GroupByKeyProcessor,
@@ -37,7 +36,6 @@ from sparkbeam.streaming.operators import (
 )
 from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
-from sparkbeam.streaming.sides import HoldStore, side_path
 from sparkbeam.streaming.splittable import spread_endpoints
 
 _LOG = logging.getLogger(__name__)
@@ -62,13 +60,14 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
                       settings: StreamingSettings) -> DataFrame:
     """The DataFrame every micro-batch computes: the union of the leaf stages' outputs."""
     spark.dataSource.register(BeamSource)
+    layout = CheckpointLayout(settings.checkpoint_dir)
     reader = (spark.readStream.format("sparkbeam_beam")
               .option("script", encode(splan.script))
-              .option("drain_marker", drain_marker(settings.checkpoint_dir)))
+              .option("drain_marker", layout.drain_marker))
     for name in ("max_items_per_batch", "max_bytes_per_batch"):
         if getattr(settings, name):
             reader = reader.option(name, str(getattr(settings, name)))
-    splittable = [e for s in splan.stages if s.splittable
+    splittable = [e for s in splan.stages if s.kind is StageKind.SPLITTABLE
                   for e in spread_endpoints(s.label, settings.partitions or 2)]
     if splittable:
         reader = reader.option("splittable_endpoints", ",".join(splittable))
@@ -106,29 +105,11 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             input_tags={splan.tag(i.buffer_id): n for n, i in enumerate(stage.inputs)},
             output_tags=tuple(splan.tag(o.buffer_id) for o in stage.outputs),
         )
-        spread = F.pmod(F.xxhash64("value"), F.lit(settings.partitions or 2))
-        if stage.side_inputs:
-            # Main-input elements wait for their side inputs in the state of a spread key.
-            out = _union(inputs).withColumn("key", spread.cast("string").cast("binary")).groupBy(
-                "key").transformWithState(
-                SideInputStageProcessor(task, splan.sides[stage.label], settings.checkpoint_dir),
-                ROW_SCHEMA, "Append", "ProcessingTime")
-        elif stage.splittable:
-            # Restrictions and their residuals live in the state of a spread key.
-            out = _union(inputs).withColumn("key", spread.cast("string").cast("binary")).groupBy(
-                "key").transformWithState(
-                SplittableStageProcessor(task, settings.checkpoint_dir,
-                                         splan.holds_of([i.buffer_id for i in stage.inputs])),
-                ROW_SCHEMA, "Append", "ProcessingTime")
-        elif stage.stateful:
-            # User state and timers: the stage runs per key in transformWithState.
-            out = _union(inputs).groupBy("key").transformWithState(
-                StatefulStageProcessor(task, settings.checkpoint_dir,
-                                       splan.holds_of([i.buffer_id for i in stage.inputs])),
-                ROW_SCHEMA, "Append",
-                "ProcessingTime")
-        else:
-            out = _union(inputs).mapInArrow(_named(task, stage), ROW_SCHEMA)
+        row = (stage.kind, bool(stage.side_inputs))
+        if row not in _OPERATORS:
+            raise ExecutionError(f"{stage.display}: no streaming operator for a "
+                                 f"{stage.kind.value} stage (Prepare should have refused it)")
+        out = _OPERATORS[row](_union(inputs), task, stage, splan, settings)
         for output in stage.outputs:
             tag = splan.tag(output.buffer_id)
             producers.setdefault(tag, []).append(out.where(F.col("tag") == tag))
@@ -136,22 +117,68 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             leaves.append(out)
     for tag in sorted(splan.side_tags):
         # Each batch's side-input elements, for the batches after it.
-        writer = SideWriter(side_path(settings.checkpoint_dir, tag))
+        writer = SideWriter(layout.side_dir(tag))
         leaves.append(_union(producers[tag]).mapInArrow(writer, ROW_SCHEMA))
     if not leaves:
         return source
     return _union(leaves)
 
 
-def drain_marker(checkpoint: str) -> str:
-    """The file whose existence drains the job (the source reads it when planning a batch)."""
-    return os.path.join(checkpoint, "drain")
+def _stateless(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
+               settings: StreamingSettings) -> DataFrame:
+    return frame.mapInArrow(_named(task, stage), ROW_SCHEMA)
+
+
+def _spread(frame: DataFrame, settings: StreamingSettings) -> Any:
+    """The rows keyed by a spread key: the hash of the element modulo --parallelism."""
+    spread = F.pmod(F.xxhash64("value"), F.lit(settings.partitions or 2))
+    return frame.withColumn("key", spread.cast("string").cast("binary")).groupBy("key")
+
+
+def _waiting_for_sides(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
+                       settings: StreamingSettings) -> DataFrame:
+    # Main-input elements wait for their side inputs in the state of a spread key.
+    return _spread(frame, settings).transformWithState(
+        SideInputStageProcessor(task, splan.sides[stage.label], settings.checkpoint_dir),
+        ROW_SCHEMA, "Append", "ProcessingTime")
+
+
+def _splittable(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
+                settings: StreamingSettings) -> DataFrame:
+    # Restrictions and their residuals live in the state of a spread key.
+    return _spread(frame, settings).transformWithState(
+        SplittableStageProcessor(task, settings.checkpoint_dir,
+                                 splan.holds_of([i.buffer_id for i in stage.inputs])),
+        ROW_SCHEMA, "Append", "ProcessingTime")
+
+
+def _stateful(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
+              settings: StreamingSettings) -> DataFrame:
+    # User state and timers: the stage runs per key in transformWithState.
+    return frame.groupBy("key").transformWithState(
+        StatefulStageProcessor(task, settings.checkpoint_dir,
+                               splan.holds_of([i.buffer_id for i in stage.inputs])),
+        ROW_SCHEMA, "Append", "ProcessingTime")
+
+
+# The operator of each (stage kind, reads side inputs): the rows of `plan.check`'s
+# STREAMING_STAGES (a test keeps the two tables equal). GroupByKeys feeding a stage run before
+# it (`transformWithState` in `build_query_frame`), so a GROUPED stage reads panes.
+_OPERATORS: dict[tuple[StageKind, bool], Callable[..., DataFrame]] = {
+    (StageKind.PLAIN, False): _stateless,
+    (StageKind.GROUPED, False): _stateless,
+    (StageKind.PLAIN, True): _waiting_for_sides,
+    (StageKind.GROUPED, True): _waiting_for_sides,
+    (StageKind.STATEFUL, False): _stateful,
+    (StageKind.SPLITTABLE, False): _splittable,
+}
 
 
 def _spec(stage: Stage, splan: StreamingPlan, settings: StreamingSettings) -> TaskSpec:
     # Grouped inputs arrive grouped (panes from transformWithState): the stage runs them as a
     # plain stage.
-    plain = dataclasses.replace(stage, keyed_input=False)
+    plain = dataclasses.replace(
+        stage, kind=StageKind.PLAIN if stage.kind is StageKind.GROUPED else stage.kind)
     return TaskSpec(
         stage=plain,
         components=splan.plan.components,
@@ -195,7 +222,8 @@ class StreamingQueryRun:
         self.batches = 0
         self._final_batch: int | None = None
         self._finished = threading.Event()
-        self._holds = HoldStore(settings.checkpoint_dir)
+        self.layout = CheckpointLayout(settings.checkpoint_dir)
+        self._holds = FileHoldStore(self.layout)
         self.query: Any = None
         self.progress: list[dict[str, Any]] = []  # per micro-batch: rows and durations
         self.throttle_ms: dict[str, int] = {}  # endpoint -> ms held back by the work budget
@@ -204,12 +232,12 @@ class StreamingQueryRun:
     def _sink(self, frame: DataFrame, batch_id: int) -> None:
         frame.write.format("noop").mode("overwrite").save()
         self.batches = batch_id + 1
-        entry = read_offset_entry(
-            os.path.join(self.settings.checkpoint_dir, "offsets", str(batch_id)))
-        if entry is not None and "admitted" in entry[1]:
-            self.throttle_ms = dict(entry[1]["throttle"])
-            self._admitted[batch_id] = dict(entry[1]["admitted"])
-        if entry is not None and entry[1].get("done") and self._final_batch is None and (
+        entry = read_offset_entry(self.layout.offset_file(batch_id))
+        offset = entry.offset if entry is not None else {}
+        if "admitted" in offset:
+            self.throttle_ms = dict(offset["throttle"])
+            self._admitted[batch_id] = dict(offset["admitted"])
+        if offset.get("done") and self._final_batch is None and (
             self._holds.hold(self.splan.holding, batch_id) >= MAX_MICROS
         ):
             # Inputs exhausted (or drained) and no stage holds work back.
@@ -246,7 +274,7 @@ class StreamingQueryRun:
                 if cancelled.is_set():
                     raise JobCancelledError(f"{self.settings.job_id} was cancelled")
                 if drain is not None and drain.is_set() and not marked:
-                    with open(drain_marker(self.settings.checkpoint_dir), "w") as f:
+                    with open(self.layout.drain_marker, "w") as f:
                         f.write(self.settings.job_id)
                     marked = True
                     self.log(f"{self.settings.job_id}: draining (no more input; the watermark "

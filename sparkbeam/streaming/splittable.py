@@ -14,7 +14,7 @@ unbounded restriction).
 Under a work budget each spread key is an endpoint of the source (`beam_source.py`) with a
 share per micro-batch (items, bytes of the stage's output). Its restrictions then run one per
 bundle, and when a bundle's output reaches what is left of the share the runner checkpoints the
-restriction in progress (a split at fraction 0, `embedded.OutputCap`): the SDK stops it after
+restriction in progress (`StageRun.run_capped`, a split at fraction 0): the SDK stops it after
 the element just output and hands back the rest as a residual, due the next batch. Restrictions
 not started for want of budget wait the same way; an unstarted restriction holds the watermark
 at its start. A key stopped by the budget counts the time to its next batch as throttle time.
@@ -27,12 +27,13 @@ from typing import Any
 from apache_beam.metrics import monitoring_infos
 from apache_beam.portability.api import beam_fn_api_pb2
 
-from sparkbeam.control.embedded import WORKERS, EmbeddedWorker, OutputCap
-from sparkbeam.execute.stage_task import OutRow, TaskSpec, _StageDriver
+from sparkbeam.engine.program import OutRow, program_for
+from sparkbeam.engine.run import StageRun, leased_run
+from sparkbeam.engine.task import TaskSpec
 from sparkbeam.metrics import merge_infos
-from sparkbeam.urns import SPLITTABLE_PROCESS
 from sparkbeam.streaming.budget import THROTTLE_COUNTER, THROTTLE_NAMESPACE
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, RunnerTime
+from sparkbeam.urns import SPLITTABLE_PROCESS
 
 
 # A restriction waiting in the key's state: (not before, stage input, element, watermark), in
@@ -52,10 +53,10 @@ class SplittableKey:
 
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
+        self.program = program_for(spec.stage, spec.components, spec.groupings)
         self.infos: list[Any] = []
         self.throttle_micros = 0  # of the keys this task ran, since the last `take_infos`
-        self.step_name = process_step(
-            beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.stage.descriptor))
+        self.step_name = process_step(self.program.descriptor)
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime,
              drained: bool, budget: tuple[int, int] | None = None
@@ -72,33 +73,32 @@ class SplittableKey:
         work += [(n, element, MIN_MICROS) for n in sorted(inputs) for element in inputs[n]]
         left: list[Work] = []
         stopped = False
-        with WORKERS.lease(self.spec.stage.descriptor) as worker:
-            driver = _StageDriver(self.spec, worker)
+        with leased_run(self.program, self.spec.bundle_size) as run:
             try:
                 if budget is None:
-                    out = self._run_all(driver, work)
+                    out = self._run_all(run, work)
                 else:
-                    out, left, stopped = self._run_budgeted(driver, worker, work, budget)
+                    out, left, stopped = self._run_budgeted(run, work, budget)
             finally:
-                self.infos.extend(driver.infos)
+                self.infos.extend(run.infos)
             later += [(MIN_MICROS, n, element, mark) for n, element, mark in left]
-            later += [(int(not_before * 1_000_000), driver.route(app), app.element,
+            later += [(int(not_before * 1_000_000), self.program.route(app), app.element,
                        residual_watermark(app))
-                      for not_before, _, app in driver._residuals]
+                      for not_before, _, app in run.residuals]
         if drained or not later:
             return out, None, MAX_MICROS
         hold = min(entry[3] for entry in later)
         return out, pickle.dumps((sorted(later), stopped), protocol=5), hold
 
     @staticmethod
-    def _run_all(driver: _StageDriver, work: list[Work]) -> list[OutRow]:
+    def _run_all(run: StageRun, work: list[Work]) -> list[OutRow]:
         chunks: dict[int, list[bytes]] = {}
         for n, element, _ in work:
             chunks.setdefault(n, []).append(element)
-        return list(driver._run_chunks(chunks)) if chunks else []
+        return run.run_chunks(chunks) if chunks else []
 
-    def _run_budgeted(self, driver: _StageDriver, worker: EmbeddedWorker, work: list[Work],
-                      budget: tuple[int, int]) -> tuple[list[OutRow], list[Work], bool]:
+    def _run_budgeted(self, run: StageRun, work: list[Work], budget: tuple[int, int]
+                      ) -> tuple[list[OutRow], list[Work], bool]:
         """Runs `work` one restriction per bundle until the budget is spent; (rows, the work
         not started, whether the budget stopped the key)."""
         items, size = budget
@@ -110,23 +110,21 @@ class SplittableKey:
 
             def checkpoint(n: int = n, element: bytes = element, mark: int = mark,
                            resent: list[Work] = resent) -> None:
-                outcome = worker.split(0.0)
+                outcome = run.checkpoint()
                 if outcome is None:
                     return  # not splittable here: the restriction runs on past its share
                 for reschedule in outcome.reschedules:
                     app = reschedule.application
-                    resent.append((driver.route(app), app.element, residual_watermark(app)))
+                    resent.append((self.program.route(app), app.element,
+                                   residual_watermark(app)))
                 for resend in outcome.resends:  # the element itself was not started
                     resent.extend((n, e, mark)
                                   for e in [element][resend.first_element:resend.last_element + 1])
 
-            cap = OutputCap(items, size, checkpoint)
-            worker.channel.cap = cap
-            try:
-                out.extend(driver._run_chunks({n: [element]}))
-            finally:
-                worker.channel.cap = None
-            items, size = items - cap.taken_items, size - cap.taken_bytes
+            rows, taken_items, taken_bytes = run.run_capped({n: [element]}, items, size,
+                                                            checkpoint)
+            out.extend(rows)
+            items, size = items - taken_items, size - taken_bytes
             if resent:
                 return out, resent + work[i + 1:], True
         return out, [], False

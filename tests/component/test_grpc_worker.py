@@ -18,7 +18,7 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, endpoints_pb2
 from apache_beam.transforms.window import GlobalWindows
 
-from sparkbeam.execute import worker_context
+from sparkbeam.engine import context as worker_context
 from tests.conftest import beam_worker_pool
 from sparkbeam.control.embedded import EmbeddedWorker
 from sparkbeam.control.grpc_worker import GrpcWorkers
@@ -63,7 +63,7 @@ STAGE, INPUT_CODER = _grouped_stage()
 
 
 def _inputs(values: list[int]) -> list[beam_fn_api_pb2.Elements.Data]:
-    """One data chunk holding one grouped element per value, as stage_task builds them."""
+    """One data chunk holding one grouped element per value, as the engine's bundles build them."""
     data = b"".join(
         INPUT_CODER.encode_nested(GlobalWindows.windowed_value((v, [v]))) for v in values)
     return [beam_fn_api_pb2.Elements.Data(transform_id=STAGE.inputs[0].transform_id, data=data)]

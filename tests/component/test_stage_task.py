@@ -8,8 +8,8 @@ from apache_beam.transforms.window import GlobalWindows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkbeam.execute import worker_context
-from sparkbeam.execute.stage_task import METRICS_TAG, TaskSpec, run_stage_task
+from sparkbeam.engine import context as worker_context
+from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.plan.fuse import plan_pipeline
 
 SEEN: list[tuple] = []
@@ -35,7 +35,7 @@ def _gbk_plan():  # type: ignore[no-untyped-def]
 
 
 PLAN = _gbk_plan()
-STAGE = next(s for s in PLAN.stages if s.keyed_input)
+STAGE = next(s for s in PLAN.stages if s.kind.keyed)
 
 
 def _rows(data: list[tuple[int, int]]) -> list[tuple[int, bytes, bytes]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import apache_beam as beam
 import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.transforms import userstate
 
 from sparkbeam.errors import UnsupportedFeatureError
 from sparkbeam.plan.check import check_pipeline, find_unsupported, supported_transform_urns
@@ -53,3 +54,39 @@ def test_support_table_covers_the_primitives() -> None:
                 "beam:transform:flatten:v1", "beam:transform:pardo:v1"]:
         assert urn in table
     assert not any("java" in urn for urn in table)
+
+
+class _Stateful(beam.DoFn):
+    COUNT = userstate.CombiningValueStateSpec("n", sum)
+
+    def process(self, kv, side, count=beam.DoFn.StateParam(COUNT)):  # type: ignore[no-untyped-def]
+        count.add(1)
+        yield kv
+
+
+def test_streaming_refusals_come_from_the_stage_kind_table_all_at_once() -> None:
+    """A stateful DoFn reading a side input has no streaming row: refused at Prepare with its
+    reason, together with the options' problems; batch runs the same pipeline."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from sparkbeam.plan.check import STREAMING_REFUSED, STREAMING_STAGES
+    from sparkbeam.plan.model import StageKind
+    from sparkbeam.runner import prepare
+
+    p = beam.Pipeline()
+    side = p | "Side" >> beam.Create([0])
+    _ = (p | beam.Create([("k", 1)]).with_output_types(tuple[str, int]) | "UsesSide" >> beam.ParDo(
+        _Stateful(), beam.pvalue.AsList(side)))
+    proto = p.to_runner_api()
+    with pytest.raises(UnsupportedFeatureError) as info:
+        prepare(proto, PipelineOptions(["--streaming", "--max_items_per_batch=0"]))
+    text = str(info.value)
+    assert "3 unsupported feature(s)" in text
+    assert "side inputs of a stateful DoFn in streaming" in text and "UsesSide" in text
+    assert "--max_items_per_batch=0" in text
+    assert "streaming without --checkpoint_dir" in text
+    # Batch has no such refusal; every (kind, side inputs) pair has a row or a reason.
+    assert any(s.kind is StageKind.STATEFUL for s in prepare(proto, PipelineOptions()).stages)
+    rows = {(kind, sides) for kind in StageKind for sides in (False, True)}
+    assert rows == set(STREAMING_STAGES) | set(STREAMING_REFUSED)
+    assert not set(STREAMING_STAGES) & set(STREAMING_REFUSED)

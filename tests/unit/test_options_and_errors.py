@@ -4,7 +4,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from sparkbeam.errors import SparkBeamError
-from sparkbeam.execute.task_errors import error_payload, parse_error_payload
+from sparkbeam.engine.task_errors import error_payload, parse_error_payload
 from sparkbeam.options import SparkOptions, parse_spark_conf, positive_or_none
 from sparkbeam.plan.model import Stage
 

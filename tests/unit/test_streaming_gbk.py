@@ -10,7 +10,7 @@ from apache_beam.transforms.core import Windowing
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 import pytest
-from sparkbeam.execute import worker_context
+from sparkbeam.engine import context as worker_context
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Grouping
 from sparkbeam.streaming.gbk import (

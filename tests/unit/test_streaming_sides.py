@@ -13,19 +13,15 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.plan.model import SideInputUse, Stage, StageInput, StageOutput
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS
-from sparkbeam.streaming.sides import (
-    SideReadiness,
+from sparkbeam.engine.watermarks import upstream_holds, watermark_at_start
+from sparkbeam.streaming.checkpoint import (
+    CheckpointLayout,
+    FileHoldStore,
     SideStore,
-    StreamingSide,
-    HoldStore,
-    hold_path,
-    is_triggered,
-    side_path,
-    upstream_holds,
-    watermark_at_start,
     write_hold,
     write_side_file,
 )
+from sparkbeam.streaming.sides import SideReadiness, StreamingSide, is_triggered
 
 
 def _stage(n: int, inputs: list[bytes], outputs: list[bytes], sides: list[bytes] = ()) -> Stage:
@@ -62,12 +58,13 @@ def test_a_holding_grouping_holds_what_reads_its_output_not_itself() -> None:
 
 
 def test_hold_is_the_earliest_waiting_timestamp_of_the_batch_before(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    write_hold(hold_path(str(tmp_path), "stage-002"), 3, 0, 70)
-    write_hold(hold_path(str(tmp_path), "stage-002"), 3, 1, 50)
-    write_hold(hold_path(str(tmp_path), "stage-003"), 3, 0, 60)
-    write_hold(hold_path(str(tmp_path), "stage-002"), 4, 1, 10)
-    write_hold(hold_path(str(tmp_path), "stage-002"), 4, 1, MAX_MICROS)  # retried: none left
-    store = HoldStore(str(tmp_path))
+    layout = CheckpointLayout(str(tmp_path))
+    write_hold(layout.hold_dir("stage-002"), 3, 0, 70)
+    write_hold(layout.hold_dir("stage-002"), 3, 1, 50)
+    write_hold(layout.hold_dir("stage-003"), 3, 0, 60)
+    write_hold(layout.hold_dir("stage-002"), 4, 1, 10)
+    write_hold(layout.hold_dir("stage-002"), 4, 1, MAX_MICROS)  # retried: none left
+    store = FileHoldStore(layout)
     assert store.hold(["stage-002"], 3) == 50
     assert store.hold(["stage-003"], 3) == 60
     assert store.hold(["stage-002"], 4) == MAX_MICROS
@@ -78,11 +75,11 @@ def test_hold_is_the_earliest_waiting_timestamp_of_the_batch_before(tmp_path) ->
 
 
 def test_store_reads_only_earlier_batches_in_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    directory = side_path(str(tmp_path), 7)
+    directory = CheckpointLayout(str(tmp_path)).side_dir(7)
     write_side_file(directory, 0, 1, [b"b"])
     write_side_file(directory, 0, 0, [b"a", b""])
     write_side_file(directory, 2, 0, [b"c" * 300])
-    store = SideStore(str(tmp_path))
+    store = SideStore(CheckpointLayout(str(tmp_path)))
     assert store.elements(7, 0) == []
     assert store.elements(7, 1) == [b"a", b"", b"b"]
     assert store.elements(7, 3) == [b"a", b"", b"b", b"c" * 300]
@@ -90,12 +87,12 @@ def test_store_reads_only_earlier_batches_in_order(tmp_path) -> None:  # type: i
 
 
 def test_rewritten_attempt_replaces_and_empty_attempt_removes(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    directory = side_path(str(tmp_path), 1)
+    directory = CheckpointLayout(str(tmp_path)).side_dir(1)
     write_side_file(directory, 4, 0, [b"first"])
     write_side_file(directory, 4, 0, [b"second"])
     write_side_file(directory, 4, 1, [b"x"])
     write_side_file(directory, 4, 1, [])
-    assert SideStore(str(tmp_path)).elements(1, 5) == [b"second"]
+    assert SideStore(CheckpointLayout(str(tmp_path))).elements(1, 5) == [b"second"]
 
 
 def _readiness(side: pvalue.AsSideInput, triggered: bool = False

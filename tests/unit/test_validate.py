@@ -58,16 +58,21 @@ def test_no_transforms_is_refused() -> None:
         check_structure(beam_runner_api_pb2.Pipeline())
 
 
-def test_composites_nested_ten_thousand_deep_are_refused_without_recursion() -> None:
-    proto = copy()
+def nest(proto: beam_runner_api_pb2.Pipeline, levels: int) -> beam_runner_api_pb2.Pipeline:
+    """`proto` with its roots wrapped in `levels` composites, one inside the other."""
     below = list(proto.root_transform_ids)
-    for level in range(10_000):
+    for level in range(levels):
         composite = proto.components.transforms[f"nest{level}"]
         composite.unique_name = f"nest{level}"
         composite.subtransforms.extend(below)
         below = [f"nest{level}"]
     del proto.root_transform_ids[:]
     proto.root_transform_ids.extend(below)
+    return proto
+
+
+def test_composites_nested_ten_thousand_deep_are_refused_without_recursion() -> None:
+    proto = nest(copy(), 10_000)
     with pytest.raises(InvalidPipelineError,
                        match=f"nest deeper than {MAX_COMPOSITE_DEPTH} levels"):
         prepare(proto, PipelineOptions())

@@ -25,6 +25,7 @@ from sparkbeam.jobservice.server import is_loopback, main, parse_duration
 from sparkbeam.spark_executor import SparkJobExecutor
 from tests.component.jobservice.conftest import RPC_TIMEOUT, wait_for
 from tests.unit.jobservice.fakes import FakeExecutor
+from tests.unit.test_validate import nest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,16 +87,7 @@ def test_malformed_pipelines_are_invalid_argument(raw_prepare) -> None:
     assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "the pipeline has no root transforms" in empty.details()
 
-    nested = good_pipeline()
-    below = list(nested.root_transform_ids)
-    for level in range(10_000):
-        composite = nested.components.transforms[f"nest{level}"]
-        composite.unique_name = f"nest{level}"
-        composite.subtransforms.extend(below)
-        below = [f"nest{level}"]
-    del nested.root_transform_ids[:]
-    nested.root_transform_ids.extend(below)
-    deep = refused(raw_prepare, prepare_bytes(nested))
+    deep = refused(raw_prepare, prepare_bytes(nest(good_pipeline(), 10_000)))
     assert deep.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "composite transforms nest deeper than 100 levels" in deep.details()
 

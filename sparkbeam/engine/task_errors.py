@@ -1,9 +1,9 @@
 """How a failed task tells the driver what failed, whatever Spark and Py4J wrap it in.
 
 The task raises a RuntimeError whose text carries a base64 JSON payload between a marker and
-`:END`; the driver finds it in any error text and rebuilds the stage, transform, exception type,
-message and the user's traceback. `kind` says whose fault it was: "user" code or an SDK
-"worker" that died or never connected.
+`:END`; the driver finds it in any error text (`stage_error`) and rebuilds the stage, transform,
+exception type, message and the user's traceback. `kind` says whose fault it was: "user" code
+or an SDK "worker" that died or never connected.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import re
 import traceback
 
+from sparkbeam.errors import ExecutionError, UserCodeError
 from sparkbeam.plan.model import Stage
 
 ERROR_MARKER = "SPARKBEAM-TASK-ERROR:"
@@ -43,3 +44,26 @@ def parse_error_payload(text: str) -> dict[str, str] | None:
     if not match:
         return None
     return json.loads(base64.b64decode(match.group(1)))
+
+
+def stage_error(stage: Stage | None, exc: BaseException) -> Exception:
+    """The error a Spark action failed with, as ours: the user's code (with its traceback),
+    an SDK worker, or Spark itself failing while running `stage` (None: the job)."""
+    text = str(exc)
+    payload = parse_error_payload(text)
+    if payload is not None and payload.get("kind") == "worker":
+        return ExecutionError(
+            f"{payload['stage']}: {payload['type']}: {payload['message']}"
+        )
+    if payload is not None:
+        return UserCodeError(
+            stage=payload["stage"],
+            transform=payload["transform"],
+            exc_type=payload["type"],
+            exc_message=payload["message"],
+            user_traceback=payload["traceback"],
+        )
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    summary = "\n".join(lines[:3] + (["..."] if len(lines) > 6 else []) + lines[-3:])
+    where = stage.display if stage is not None else "the job"
+    return ExecutionError(f"Spark failed while running {where}: {type(exc).__name__}: {summary}")

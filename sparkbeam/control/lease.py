@@ -1,0 +1,50 @@
+"""Which worker runs a stage's bundles, leased for the duration of one task or key.
+
+The bundle processor embedded in this process by default; an SDK worker over the gRPC Fn API
+for PROCESS and EXTERNAL environments (and LOOPBACK clients of the job server, which are
+EXTERNAL). Both are `Worker`s; the two functions at the end make mypy prove it.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from sparkbeam.control.embedded import WORKERS, EmbeddedWorker
+from sparkbeam.control.worker import Worker
+
+GRPC_ENVIRONMENT_URNS = frozenset(
+    [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn]
+)
+
+
+def lease_worker(
+    descriptor: bytes,
+    environment: bytes = b"",
+    pipeline_options: dict[str, Any] | None = None,
+    connect_timeout_s: float = 60.0,
+    fresh: bool = False,
+) -> AbstractContextManager[Worker]:
+    """A worker for the serialized descriptor in the serialized environment. `fresh`: a new
+    embedded worker, torn down after use (its DoFns read side inputs that change)."""
+    if environment:
+        env = beam_runner_api_pb2.Environment.FromString(environment)
+        if env.urn in GRPC_ENVIRONMENT_URNS:
+            from sparkbeam.control.grpc_worker import WORKERS as GRPC_WORKERS
+
+            return GRPC_WORKERS.lease(descriptor, env, pipeline_options or {},
+                                      connect_timeout_s)
+    return WORKERS.lease(descriptor, fresh=fresh)
+
+
+def _embedded_is_a_worker(worker: EmbeddedWorker) -> Worker:
+    return worker
+
+
+def _grpc_is_a_worker(worker: Any) -> Worker:
+    from sparkbeam.control.grpc_worker import GrpcWorker
+
+    checked: GrpcWorker = worker
+    return checked

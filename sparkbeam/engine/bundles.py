@@ -1,0 +1,98 @@
+"""Cutting a task's rows into bundles (pure: rows in, chunks out).
+
+Rows are (stage input index, encoded key or None, encoded element). A bundle holds at most
+`size` elements or `max_bytes` bytes of them (the first element of a bundle is always taken, so
+one element larger than `max_bytes` is a bundle of its own).
+
+Keyed rows arrive sorted by (key, input). A bundle then ends at a key boundary once full, and
+says so (`Bundle.closes_keys`): the keys it ends with are complete, so batch fires their timers
+and drops their state before the next bundle. A GroupByKey input's values are gathered key by
+key and grouped (`Grouper`) into one element per window and pane before they join a bundle; a
+key with more ungrouped values than a bundle holds is cut inside the key, and that bundle does
+not close it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from sparkbeam.engine.program import Chunks, Grouper
+
+Row = tuple[int, bytes | None, bytes]  # (stage input index, encoded key, encoded element)
+
+
+@dataclass
+class Bundle:
+    """The elements of one bundle per stage input, and whether its last key is complete."""
+
+    chunks: Chunks = field(default_factory=dict)
+    closes_keys: bool = False
+    count: int = 0
+    size: int = 0
+
+    @classmethod
+    def of(cls, chunks: Chunks, closes_keys: bool = False) -> Bundle:
+        bundle = cls(closes_keys=closes_keys)
+        for n, elements in chunks.items():
+            for element in elements:
+                bundle.add(n, element)
+        return bundle
+
+    def add(self, n: int, element: bytes) -> None:
+        self.chunks.setdefault(n, []).append(element)
+        self.count += 1
+        self.size += len(element)
+
+    def full(self, size: int, max_bytes: int) -> bool:
+        return self.count >= size or self.size >= max_bytes
+
+
+def plain_bundles(rows: Iterable[Row], size: int, max_bytes: int, *, always: bool = False
+                  ) -> Iterator[Bundle]:
+    """Rows in arrival order as bundles; `always`: one (empty) bundle even without rows (a
+    stage without inputs runs once)."""
+    bundle = Bundle()
+    for n, _key, value in rows:
+        bundle.add(n, value)
+        if bundle.full(size, max_bytes):
+            yield bundle
+            bundle = Bundle()
+    if bundle.count or always:
+        yield bundle
+
+
+def keyed_bundles(rows: Iterable[Row], size: int, max_bytes: int,
+                  groupers: Mapping[int, Grouper]) -> Iterator[Bundle]:
+    """Rows sorted by (key, input) as bundles that end at key boundaries once full; the last
+    one closes every key seen."""
+    bundle = Bundle()
+    current: tuple[bytes | None, int] | None = None
+    run: list[bytes] = []  # the current key's values of a grouped input, not yet grouped
+
+    def close_run() -> None:
+        if current is None or not run:
+            return
+        n = current[1]
+        for element in groupers[n].group(run):
+            bundle.add(n, element)
+        run.clear()
+
+    for n, key, value in rows:
+        if current is not None and (key, n) != current:
+            close_run()
+            if key != current[0] and bundle.full(size, max_bytes):
+                bundle.closes_keys = True
+                yield bundle
+                bundle = Bundle()
+        elif n not in groupers and bundle.full(size, max_bytes):
+            # One key bigger than a bundle: cut the bundle inside the key, close it later.
+            yield bundle
+            bundle = Bundle()
+        current = (key, n)
+        if n in groupers:
+            run.append(value)
+        else:
+            bundle.add(n, value)
+    close_run()
+    bundle.closes_keys = True
+    yield bundle

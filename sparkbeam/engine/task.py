@@ -1,0 +1,184 @@
+"""What one task of a stage does: stream its rows through the bundle processor (no pyspark).
+
+A function of (stage, input rows, shipped side inputs) -> output rows, used by the batch
+executor for every stage and by the streaming engine for stateless stages. A keyed stage
+receives its rows sorted by key: GroupByKey inputs are grouped key by key and, for stateful
+stages, a key's timers fire and its state is dropped as soon as its input is done (batch: the
+watermark is the end of time for a key once all its input has been seen), so memory holds the
+state of the keys of one bundle, never a partition's. Residual roots are run again, after the
+delay they ask for, until none is left.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sparkbeam.control.lease import lease_worker
+from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
+from sparkbeam.control.rebalance_channel import RebalanceClient
+from sparkbeam.control.worker import Worker
+from sparkbeam.engine import context
+from sparkbeam.engine.bundles import Bundle, Row, keyed_bundles, plain_bundles
+from sparkbeam.engine.program import Chunks, OutRow, program_for
+from sparkbeam.engine.run import StageRun
+from sparkbeam.engine.task_errors import error_payload
+from sparkbeam.engine.task_splits import TaskSplitter
+from sparkbeam.engine.timers import ALL, Ordering
+from sparkbeam.errors import SdkWorkerError
+from sparkbeam.metrics import merge_infos
+from sparkbeam.plan.model import Grouping, Stage, StageKind
+
+_LOG = logging.getLogger(__name__)
+METRICS_TAG = -1  # the tag of metric rows: (METRICS_TAG, attempt key, MonitoringInfo)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs, shipped (pickled) with the Spark job."""
+
+    stage: Stage
+    components: bytes
+    groupings: dict[bytes, Grouping]
+    pickle_library: str
+    bundle_size: int
+    bundle_bytes: int
+    job_id: str = ""
+    metrics_address: str | None = None  # driver's MetricsCollector, for attempted metrics
+    rebalance_address: str | None = None  # driver's RebalanceServer (splittable stages)
+    partitions: int = 1  # how many tasks the stage has
+    pipeline_options: dict | None = None  # for SDK workers of PROCESS/EXTERNAL environments
+    worker_connect_timeout_s: float = 60.0
+
+
+def run_stage_task(
+    spec: TaskSpec,
+    rows: Iterable[Row],
+    side_inputs: dict[bytes, list[bytes]],
+    attempt: tuple[int, int, int] = (0, 0, 0),
+    fresh_worker: bool = False,
+) -> Iterator[OutRow]:
+    """Runs one partition of `spec.stage`; yields output rows, then metric rows.
+
+    `attempt` is Spark's (stage id, partition id, attempt number) of this task; metric rows
+    carry it as their key, so the driver can tell committed attempts from the others.
+    """
+    context.prepare(spec.pickle_library)
+    stage = spec.stage
+    key = AttemptKey(spec.job_id, stage.label, *attempt)
+    reporter = MetricsReporter(spec.metrics_address, key) if spec.metrics_address else None
+    with contextlib.ExitStack() as stack:
+        try:
+            worker = stack.enter_context(lease_worker(
+                stage.descriptor, stage.environment, spec.pipeline_options,
+                spec.worker_connect_timeout_s, fresh=fresh_worker))
+        except SdkWorkerError as exc:
+            raise RuntimeError(error_payload(stage, exc, kind="worker")) from None
+        yield from _run_leased(spec, worker, rows, side_inputs, attempt, key, reporter)
+
+
+def report_infos(spec: TaskSpec, attempt: tuple[int, int, int], infos: list[Any],
+                 ok: bool = True) -> None:
+    """Sends the final monitoring infos of one attempt (stage id or micro-batch, partition,
+    attempt number) of `spec.stage` to the driver, when it collects them."""
+    if spec.metrics_address:
+        key = AttemptKey(spec.job_id, spec.stage.label, *attempt)
+        MetricsReporter(spec.metrics_address, key).report(infos, final=True, ok=ok)
+
+
+def _run_leased(
+    spec: TaskSpec,
+    worker: Worker,
+    rows: Iterable[Row],
+    side_inputs: dict[bytes, list[bytes]],
+    attempt: tuple[int, int, int],
+    key: AttemptKey,
+    reporter: MetricsReporter | None,
+) -> Iterator[OutRow]:
+    stage = spec.stage
+    worker.state.bind_side_inputs(side_inputs)
+    program = program_for(stage, spec.components, spec.groupings)
+    run = StageRun(program, worker, spec.bundle_size, reporter)
+    try:
+        splitter = (_splitter(spec, run, attempt)
+                    if spec.rebalance_address and stage.kind is StageKind.SPLITTABLE else None)
+        if stage.kind.keyed:
+            bundles = keyed_bundles(rows, spec.bundle_size, spec.bundle_bytes, program.groupers)
+        else:
+            bundles = plain_bundles(rows, spec.bundle_size, spec.bundle_bytes,
+                                    always=not stage.inputs)
+        for bundle in bundles:
+            yield from _run_bundle(run, bundle, splitter)
+        yield from _drain_residuals(run, spec.bundle_size)
+        if splitter is not None:
+            for chunks in splitter.more_work():
+                yield from _run_bundle(run, Bundle.of(chunks), splitter)
+                yield from _drain_residuals(run, spec.bundle_size)
+            splitter.close()
+    except Exception as exc:  # noqa: BLE001 - any failure is reported with its payload
+        if reporter is not None:
+            reporter.report(run.infos + worker.failed_bundle_infos, final=True, ok=False)
+        kind = "worker" if isinstance(exc, SdkWorkerError) else "user"
+        raise RuntimeError(error_payload(stage, exc, kind=kind)) from None
+    infos = merge_infos(run.infos)
+    if reporter is not None:
+        reporter.report(infos, final=True)
+    encoded_key = json.dumps(key.__dict__).encode()
+    for info in infos:
+        yield METRICS_TAG, encoded_key, info.SerializeToString()
+
+
+def _run_bundle(run: StageRun, bundle: Bundle, splitter: TaskSplitter | None
+                ) -> Iterator[OutRow]:
+    """One bundle (split by the driver if it rebalances the stage; an empty one that closes
+    keys only closes them); then, if it closes its keys, their timers fire (at the end of
+    time) and their state is dropped."""
+    if bundle.count or not bundle.closes_keys:
+        yield from _splittable(run, bundle.chunks, splitter)
+    if bundle.closes_keys and run.program.stage.kind.stateful:
+        yield from run.fire_timers(ALL, Ordering.EVENT_TIME_FIRST)
+        run.worker.state.drop_user_state()
+
+
+def _splittable(run: StageRun, chunks: Chunks, splitter: TaskSplitter | None
+                ) -> Iterator[OutRow]:
+    if splitter is None:
+        yield from run.run_chunks(chunks)
+        return
+    seq, chunks, may_split = splitter.next_bundle(chunks)
+    if not may_split:
+        yield from run.run_chunks(chunks)
+        return
+    with splitter.watching(seq, chunks, run.worker):
+        rows = run.run_chunks(chunks)
+    yield from rows
+
+
+def _drain_residuals(run: StageRun, bundle_size: int) -> Iterator[OutRow]:
+    """Reschedules residual roots until none remain, honouring requested delays."""
+    while run.residuals:
+        run.wait_for_residual()
+        due = run.take_due_residuals(time.time(), bundle_size)
+        yield from _run_bundle(run, Bundle.of(due, closes_keys=True), None)
+
+
+def _splitter(spec: TaskSpec, run: StageRun, attempt: tuple[int, int, int]
+              ) -> TaskSplitter | None:
+    """This task's end of dynamic rebalancing (splittable stages only); None (the task runs
+    unsplit) when a first attempt cannot reach the driver. A retry must: an earlier attempt
+    may have split."""
+    assert spec.rebalance_address is not None
+    try:
+        client = RebalanceClient(spec.rebalance_address, spec.job_id, spec.stage.label, attempt[1])
+        return TaskSplitter(client, spec.partitions, list(run.program.input_ids),
+                            run.program.route)
+    except (OSError, ConnectionError) as exc:
+        if attempt[2] > 0:
+            raise
+        _LOG.warning("%s: no dynamic splitting (driver unreachable at %s: %s)",
+                     spec.stage.label, spec.rebalance_address, exc)
+        return None
