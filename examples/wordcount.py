@@ -12,6 +12,9 @@ import logging
 import os
 import re
 import tempfile
+import time
+
+import sparkbeam  # noqa: F401 - first: it quiets Beam's harmless import warnings
 
 import apache_beam as beam
 from apache_beam.io import ReadFromText, WriteToText
@@ -37,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(200):
                 f.write(sample_text() + "\n")
     options = PipelineOptions(["--runner=sparkbeam.SparkRunner", *beam_args])
+    started = time.monotonic()
     with beam.Pipeline(options=options) as p:
         (
             p
@@ -52,7 +56,9 @@ def main(argv: list[str] | None = None) -> None:
         for name in os.listdir(os.path.dirname(os.path.abspath(args.output)) or ".")
         if name.startswith(os.path.basename(args.output))
     )
-    print("word counts written to:")
+    master = options.view_as(sparkbeam.SparkOptions).spark_master or "local[*]"
+    print(f"counted the words of {source} on Spark ({master}) in "
+          f"{time.monotonic() - started:.1f} s; word counts written to:")
     for path in written:
         print(f"  {path}")
 

@@ -5,6 +5,7 @@ import argparse
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
 DEFAULT_BUNDLE_SIZE = 1000
 DEFAULT_BUNDLE_BYTES = 64 << 20
 
@@ -103,6 +104,13 @@ class SparkOptions(PipelineOptions):
             default=None,
             help="Streaming: the work budget in encoded bytes per micro-batch (default: no "
             "limit); a single element larger than its share is read alone.",
+        )
+        add_argument(
+            "--spark_log_level",
+            default="ERROR",
+            choices=LOG_LEVELS,
+            help="Log level of the Spark driver of a session sparkbeam creates (default ERROR: "
+            "Spark's warnings stay out of the way; WARN or INFO to see them).",
         )
         add_argument(
             "--spark_app_name",

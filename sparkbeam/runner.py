@@ -7,7 +7,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from apache_beam.options import pipeline_options
@@ -19,10 +20,9 @@ from apache_beam.transforms import environments
 
 from sparkbeam.control.metrics_channel import (
     MetricsCollector,
-    decode_attempt_key,
     shared_collector,
 )
-from sparkbeam.control.progress import ProgressTracker, unreported
+from sparkbeam.control.progress import ProgressTracker
 from sparkbeam.control.rebalance_channel import RebalanceServer, shared_rebalancer
 from sparkbeam.errors import (
     JobCancelledError,
@@ -36,6 +36,7 @@ from sparkbeam.plan.check import find_unsupported, option_problems, plan_problem
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.validate import check_structure
+from sparkbeam.progress_watch import ProgressWatch, terminal_attached
 
 if TYPE_CHECKING:
     from sparkbeam.execute.dataset import Datasets
@@ -97,6 +98,9 @@ class SparkJob:
         self.plan = plan
         self.options = options
         self.job_id = job_id or f"job-{next(_JOB_IDS):03d}"
+        # The Spark job group: unique in the SparkContext, which may serve several job
+        # servers and runners whose job ids repeat (cancelling one must not cancel another).
+        self.spark_group = f"sparkbeam-{self.job_id}-{uuid.uuid4().hex[:8]}"
         self.progress = Progress()
         self.state = PipelineState.STOPPED
         self.error: BaseException | None = None
@@ -104,6 +108,9 @@ class SparkJob:
         self.drained = threading.Event()
         self._done = threading.Event()
         self._on_message = on_message or (lambda m: None)
+        # A live progress display on a terminal: only for a job run here, in the foreground
+        # (a job server's jobs report to their clients' message streams).
+        self._terminal = on_message is None and terminal_attached()
         self._on_state = on_state or (lambda s: None)
         self._py_files = list(py_files or [])
         self._session_defaults = dict(session_defaults or {})  # for a session made here
@@ -112,6 +119,7 @@ class SparkJob:
         self._datasets: Datasets | None = None
         self._collector: MetricsCollector | None = None
         self.split_stats: dict[str, dict[str, int]] = {}
+        self.spark_jobs: int | None = None  # Spark jobs a finished batch run took
         self.streaming = False
         self.streaming_batches: list[dict[str, Any]] = []  # micro-batches: rows, durations
         self._streaming_run: Any = None  # the streaming query run, once started
@@ -167,19 +175,22 @@ class SparkJob:
             )
             self._set_state(PipelineState.RUNNING)
             started = time.time()
-            watch = _ProgressWatch(
+            watch = ProgressWatch(
                 self.job_id, ProgressTracker(self.plan.stages), self._collector,
                 executor.stage_partitions, spark_options.progress_interval, self._log,
+                terminal=self._terminal,
             )
             watch.start()
             try:
                 executor.run(self.plan, self.job_id, self.progress, self.cancelled,
-                             log=self._log)
+                             log=self._log, group=self.spark_group)
             finally:
                 watch.finish(self.progress.committed_keys())
                 if rebalancer is not None:
                     self._report_splits(rebalancer)
-            self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
+            self.spark_jobs = datasets.spark_jobs(self.spark_group)
+            jobs = "" if self.spark_jobs is None else f" ({self.spark_jobs} Spark jobs)"
+            self._log(f"{self.job_id} finished in {time.time() - started:.1f}s{jobs}")
             self._set_state(PipelineState.DONE)
         except JobCancelledError as exc:
             self.error = exc
@@ -204,7 +215,7 @@ class SparkJob:
         if self._datasets is None:
             return
         try:
-            self._datasets.cancel(self.job_id)
+            self._datasets.cancel(self.spark_group)
         except Exception:  # noqa: BLE001 - the job has failed already; this is tidying up
             _LOG.warning("%s: could not cancel its Spark job group", self.job_id, exc_info=True)
 
@@ -258,7 +269,7 @@ class SparkJob:
     def cancel(self) -> None:
         self.cancelled.set()
         if self._datasets is not None:
-            self._datasets.cancel(self.job_id)
+            self._datasets.cancel(self.spark_group)
         if not self._thread.is_alive() and self.state not in TERMINAL:
             self._set_state(PipelineState.CANCELLED)
 
@@ -296,67 +307,6 @@ class SparkJob:
             for info in infos
         ]
         return SparkMetrics(committed, committed + others)
-
-
-class _ProgressWatch:
-    """The thread that logs a running job's progress lines every `interval` seconds (lines of
-    the stages whose numbers changed), then one line per stage when the job ends."""
-
-    # How long the end waits for committed attempts' final reports still on the wire.
-    FINAL_REPORTS_TIMEOUT_S = 5.0
-
-    def __init__(
-        self,
-        job_id: str,
-        tracker: ProgressTracker,
-        collector: MetricsCollector,
-        partitions: Mapping[str, int],
-        interval: float,
-        log: Callable[[str], None],
-    ) -> None:
-        self._job_id = job_id
-        self._tracker = tracker
-        self._collector = collector
-        self._partitions = partitions  # the executor's, filled as stages are declared
-        self._interval = interval
-        self._log = log
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"sparkbeam-{job_id}-progress", daemon=True
-        )
-
-    def start(self) -> None:
-        if self._interval > 0:
-            self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._emit(final=False)
-
-    def _emit(self, *, final: bool) -> None:
-        reports = self._collector.attempt_reports(self._job_id)
-        lines_of = self._tracker.final if final else self._tracker.changed
-        try:
-            lines = lines_of(reports, dict(self._partitions))
-        except Exception:  # noqa: BLE001 - progress lines are cosmetic: never fail the job
-            _LOG.warning("%s: cannot compute progress", self._job_id, exc_info=True)
-            return
-        for line in lines:
-            self._log(line)
-
-    def finish(self, committed: set[bytes]) -> None:
-        """Stops the thread and logs each stage's last line, once the final reports of the
-        committed attempts have arrived (or a few seconds have passed)."""
-        if self._interval <= 0:
-            return
-        self._stop.set()
-        self._thread.join()
-        keys = [decode_attempt_key(k) for k in committed]
-        deadline = time.monotonic() + self.FINAL_REPORTS_TIMEOUT_S
-        while (unreported(keys, self._collector.attempt_reports(self._job_id))
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
-        self._emit(final=True)
 
 
 def _default_environment(options: pipeline_options.PipelineOptions) -> Any:
@@ -429,6 +379,12 @@ class SparkPipelineResult(PipelineResult):
 
     def metrics(self) -> SparkMetrics:
         return self._job.metrics()
+
+    @property
+    def spark_jobs(self) -> int | None:
+        """How many Spark jobs a finished batch run took (None over Spark Connect, or before
+        the run ends)."""
+        return self._job.spark_jobs
 
     @property
     def split_stats(self) -> dict[str, dict[str, int]]:

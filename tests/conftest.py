@@ -34,7 +34,6 @@ def shared_spark():
             .config("spark.sql.shuffle.partitions", "4")
             .config("spark.default.parallelism", "2")
             .config("spark.driver.memory", "2g")
-            .config("spark.sql.adaptive.enabled", "true")
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")

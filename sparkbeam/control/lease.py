@@ -20,6 +20,15 @@ GRPC_ENVIRONMENT_URNS = frozenset(
 )
 
 
+def runs_embedded(environment: bytes) -> bool:
+    """Whether a stage of this serialized environment runs on the embedded bundle processor
+    (in whichever process leases it), not on an SDK worker of its own."""
+    if not environment:
+        return True
+    env = beam_runner_api_pb2.Environment.FromString(environment)
+    return env.urn not in GRPC_ENVIRONMENT_URNS
+
+
 def lease_worker(
     descriptor: bytes,
     environment: bytes = b"",
@@ -29,13 +38,11 @@ def lease_worker(
 ) -> AbstractContextManager[Worker]:
     """A worker for the serialized descriptor in the serialized environment. `fresh`: a new
     embedded worker, torn down after use (its DoFns read side inputs that change)."""
-    if environment:
-        env = beam_runner_api_pb2.Environment.FromString(environment)
-        if env.urn in GRPC_ENVIRONMENT_URNS:
-            from sparkbeam.control.grpc_worker import WORKERS as GRPC_WORKERS
+    if not runs_embedded(environment):
+        from sparkbeam.control.grpc_worker import WORKERS as GRPC_WORKERS
 
-            return GRPC_WORKERS.lease(descriptor, env, pipeline_options or {},
-                                      connect_timeout_s)
+        env = beam_runner_api_pb2.Environment.FromString(environment)
+        return GRPC_WORKERS.lease(descriptor, env, pipeline_options or {}, connect_timeout_s)
     return WORKERS.lease(descriptor, fresh=fresh)
 
 

@@ -7,13 +7,17 @@ Used by the sessions sparkbeam creates (see `session_config`).
 """
 from __future__ import annotations
 
-import apache_beam  # noqa: F401
-import apache_beam.runners.worker.bundle_processor  # noqa: F401
-import apache_beam.runners.worker.sdk_worker  # noqa: F401
-import apache_beam.transforms.core  # noqa: F401
-from pyspark.daemon import manager
+from sparkbeam.logs import quiet_beam_imports
 
-import sparkbeam.engine.task  # noqa: F401
+quiet_beam_imports()  # forked workers inherit the filter
+
+import apache_beam  # noqa: E402, F401
+import apache_beam.runners.worker.bundle_processor  # noqa: E402, F401
+import apache_beam.runners.worker.sdk_worker  # noqa: E402, F401
+import apache_beam.transforms.core  # noqa: E402, F401
+from pyspark.daemon import manager  # noqa: E402
+
+import sparkbeam.engine.task  # noqa: E402, F401
 
 if __name__ == "__main__":
     manager()

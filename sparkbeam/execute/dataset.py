@@ -74,10 +74,6 @@ class Datasets:
         """Rows dealt round-robin over the partitions (initial splits of splittable DoFns)."""
         return df.repartition(self.parallelism)
 
-    def union_tagged(self, dfs: list[DataFrame]) -> DataFrame:
-        """Stage outputs (tag, key, value) unioned, for one action over all of them."""
-        return _union(dfs) if dfs else self.spark.createDataFrame([], OUT_SCHEMA)
-
     def select_tag(self, df: DataFrame, tag: int) -> DataFrame:
         return df.where(F.col("tag") == tag).select("key", "value")
 
@@ -119,19 +115,29 @@ class Datasets:
         except Exception:  # noqa: BLE001 - Connect sessions may not expose it
             return "127.0.0.1"
 
-    def collect_values(self, df: DataFrame) -> list[bytes]:
-        return [bytes(r.value) for r in df.select("value").collect()]
-
-    def collect_values_of(self, dfs: list[DataFrame]) -> list[list[bytes]]:
-        """The values of several buffers in one action, each buffer's in its own order."""
-        if len(dfs) == 1:
-            return [self.collect_values(dfs[0])]
-        tagged = _union([df.select(F.lit(n).cast("int").alias("part"), "value")
-                         for n, df in enumerate(dfs)])
-        out: list[list[bytes]] = [[] for _ in dfs]
-        for row in tagged.collect():
-            out[row.part].append(bytes(row.value))
-        return out
+    def gather(
+        self, sides: list[DataFrame], stage_outs: list[DataFrame], tag: int
+    ) -> tuple[list[list[bytes]], list[tuple[bytes | None, bytes]]]:
+        """In one Spark action: the values of each side-input buffer, each in its own order,
+        and the rows tagged `tag` of the stage outputs (their metric rows). Spark runs every
+        stage these need, side by side where they are independent; nothing to gather is no
+        action at all."""
+        parts = [df.select(F.lit(n).cast("int").alias("part"),
+                           F.lit(None).cast("binary").alias("key"), "value")
+                 for n, df in enumerate(sides)]
+        parts += [out.where(F.col("tag") == tag)
+                  .select(F.lit(-1).cast("int").alias("part"), "key", "value")
+                  for out in stage_outs]
+        values: list[list[bytes]] = [[] for _ in sides]
+        tagged: list[tuple[bytes | None, bytes]] = []
+        if not parts:
+            return values, tagged
+        for row in _union(parts).collect():  # a union keeps each part's rows in order
+            if row.part < 0:
+                tagged.append((None if row.key is None else bytes(row.key), bytes(row.value)))
+            else:
+                values[row.part].append(bytes(row.value))
+        return values, tagged
 
     def release(self, df: DataFrame) -> None:
         with contextlib.suppress(Exception):
@@ -193,6 +199,19 @@ class Datasets:
         if self.connect:
             return  # no job descriptions over Connect
         self.spark.sparkContext.setJobDescription(description)
+
+    def spark_jobs(self, group: str) -> int | None:
+        """How many Spark jobs ran in the job group (None over Connect, which does not say)."""
+        if self.connect:
+            return None
+        try:
+            sc = self.spark.sparkContext
+            # The status store learns of jobs from Spark's listener bus, asynchronously.
+            with contextlib.suppress(Exception):
+                sc._jsc.sc().listenerBus().waitUntilEmpty(5000)  # type: ignore[union-attr]
+            return len(sc.statusTracker().getJobIdsForGroup(group))
+        except Exception:  # noqa: BLE001 - a count is informative only
+            return None
 
     def cancel(self, group: str) -> None:
         if self.connect:

@@ -1,6 +1,7 @@
 """Runs a Plan on Spark, stage by stage, in topological order (the driver side)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -12,6 +13,7 @@ from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 
 from sparkbeam.engine.context import pipeline_context
+from sparkbeam.engine.placement import driver_stages
 from sparkbeam.engine.side_inputs import side_input_state
 from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.engine.task_errors import stage_error
@@ -76,10 +78,14 @@ class Executor:
     """Executes plans on one Datasets (SparkSession).
 
     Stages are declared in topological order as persisted DataFrames; Spark computes each one
-    when something first needs it: a side input being collected, or the final job that gathers
-    every stage's metric rows (which also runs the stages nothing else reads, the sinks). One
-    Spark action per side input plus one at the end, instead of one per stage: small stages
-    cost little, and independent stages run side by side in the same Spark job.
+    when something first needs it. Spark actions happen only where the driver must see data:
+    once for the side inputs a stage reads that no earlier action brought back, and once at
+    the end; each action also brings back the metric rows of every stage declared so far
+    (and so runs them, side by side where independent), so the end needs an action only for
+    stages declared after the last side input. A stage whose only input is an impulse and
+    whose outputs feed nothing but side inputs (WriteToText's initialisation and
+    finalisation, a singleton computed from nothing) runs in the driver, on the values it
+    already holds: no Spark job for a step that handles one element.
     """
 
     def __init__(self, datasets: Datasets, settings: ExecutionSettings) -> None:
@@ -87,6 +93,7 @@ class Executor:
         self.settings = settings
         self._partitions: dict[int, int] = {}  # id(buffer DataFrame) -> its partitions
         self.stage_partitions: dict[str, int] = {}  # stage label -> its tasks
+        self.driver_stages: list[str] = []  # labels of the stages the last run ran here
 
     def run(
         self,
@@ -95,95 +102,94 @@ class Executor:
         progress: Progress,
         cancelled: threading.Event,
         log: Callable[[str], None] = lambda _m: None,
+        group: str | None = None,
     ) -> None:
-        buffers: dict[bytes, list[Any]] = {}
-        materialised: dict[bytes, list[bytes]] = {}
-        outputs: list[tuple[Stage, Any]] = []
-        ctx = pipeline_context(plan.components)
+        """Runs `plan` as job `job_id`, its Spark jobs in the job group `group` (the job id
+        unless given)."""
+        run = _Run(plan, job_id, progress, cancelled, pipeline_context(plan.components),
+                   # Over Connect this process is a client, not Spark's driver.
+                   on_driver=set() if self.ds.connect else driver_stages(plan.stages))
+        self.driver_stages = []
         try:
-            with self.ds.job_group(job_id, f"sparkbeam {job_id}"):
+            with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"):
                 for stage in plan.stages:
                     if cancelled.is_set():
                         raise JobCancelledError(f"{job_id} was cancelled before {stage.label}")
-                    log(f"planning {stage.display}")
-                    out = self._declare_stage(
-                        plan, stage, buffers, materialised, ctx, job_id, cancelled
-                    )
-                    outputs.append((stage, out))
-                log(f"running {len(outputs)} stage(s)")
-                self.ds.describe(f"{job_id}: run stages, gather metrics")
-                rows = self._act(
-                    lambda: self.ds.collect_tag(
-                        self.ds.union_tagged([out for _, out in outputs]), METRICS_TAG
-                    ),
-                    None, job_id, cancelled,
-                )
-            infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in rows]
-            progress.add(infos, {key for key, _ in rows if key is not None})
+                    side = self._side_inputs(run, stage)
+                    spec = self._spec(plan, stage, job_id)
+                    if stage.label in run.on_driver:
+                        log(f"running {stage.display} in the driver (from an impulse, for "
+                            f"side inputs)")
+                        self._run_on_driver(run, spec, side)
+                    else:
+                        log(f"planning {stage.display}")
+                        self._declare_stage(run, spec, side)
+                if run.pending:
+                    log(f"running {len(run.pending)} stage(s)")
+                    self.ds.describe(f"{job_id}: run stages, gather metrics")
+                    self._gather(run, [], None)
         finally:
-            for _, df in outputs:
+            for df in run.outputs:
                 self.ds.release(df)
 
-    def _act(
-        self,
-        action: Callable[[], Any],
-        stage: Stage | None,
-        job_id: str,
-        cancelled: threading.Event,
-    ) -> Any:
+    def _act(self, action: Callable[[], Any], stage: Stage | None, run: _Run) -> Any:
         """Runs a Spark action; a failure names the stage whose task failed."""
         try:
             return action()
         except Exception as exc:  # noqa: BLE001 - Py4J/Spark errors are mapped below
-            if cancelled.is_set():
-                raise JobCancelledError(f"{job_id} was cancelled while running") from None
+            if run.cancelled.is_set():
+                raise JobCancelledError(f"{run.job_id} was cancelled while running") from None
             raise stage_error(stage, exc) from None
 
-    def _declare_stage(
-        self,
-        plan: Plan,
-        stage: Stage,
-        buffers: dict[bytes, list[Any]],
-        materialised: dict[bytes, list[bytes]],
-        ctx: Any,
-        job_id: str,
-        cancelled: threading.Event,
-    ) -> Any:
-        inputs = []
-        partitions = 0  # how many tasks the stage will have (mapInArrow keeps partitioning)
-        for n, inp in enumerate(stage.inputs):
-            if inp.buffer_id == IMPULSE_BUFFER:
-                df = self.ds.impulse(ENCODED_IMPULSE_VALUE)
-                partitions += 1
-            else:
-                parts = buffers.get(inp.buffer_id, [])
-                df = self.ds.union(parts)
-                partitions += sum(self._partitions.get(id(part), 1) for part in parts)
-            inputs.append(self.ds.as_input(df, n))
-        stage_in = self.ds.union(inputs)
-        if stage.kind not in _ARRANGE:
-            raise ExecutionError(f"{stage.display}: the batch executor has no rule for a "
-                                 f"{stage.kind.value} stage")
-        arrange = _ARRANGE[stage.kind]
-        if arrange is not None:
-            stage_in = arrange(self.ds, stage_in)
-            partitions = self.ds.parallelism
-        shipped = None
-        if stage.side_inputs:
-            missing = list(dict.fromkeys(
-                use.buffer_id for use in stage.side_inputs if use.buffer_id not in materialised))
-            if missing:
-                # One Spark action for all of the stage's side inputs (WriteToText's finalize
-                # reads three): each action costs a job per shuffle under adaptive execution.
-                self.ds.describe(f"{job_id}: side inputs for {stage.display}")
-                sources = [self.ds.union(buffers.get(b, [])) for b in missing]
-                collected = self._act(
-                    functools.partial(self.ds.collect_values_of, sources),
-                    stage, job_id, cancelled,
-                )
-                materialised.update(zip(missing, collected, strict=True))
-            shipped = self.ds.ship(side_input_state(stage.side_inputs, materialised, ctx))
-        spec = TaskSpec(
+    def _gather(self, run: _Run, sides: list[Any], stage: Stage | None) -> list[list[bytes]]:
+        """One action: the side-input buffers' values, and the metric rows of every stage
+        declared since the last action (recorded as committed)."""
+        values, metric_rows = self._act(
+            functools.partial(self.ds.gather, sides, list(run.pending), METRICS_TAG),
+            stage, run)
+        run.pending.clear()
+        run.record(metric_rows)
+        return values  # type: ignore[no-any-return]
+
+    def _side_inputs(self, run: _Run, stage: Stage) -> dict[Any, Any] | None:
+        """The side-input state of `stage`, collecting the buffers no earlier action or
+        driver-run stage brought back (all of them in one action)."""
+        if not stage.side_inputs:
+            return None
+        missing = list(dict.fromkeys(
+            use.buffer_id for use in stage.side_inputs if use.buffer_id not in run.materialised))
+        if missing:
+            self.ds.describe(f"{run.job_id}: side inputs for {stage.display}")
+            sources = [self.ds.union(run.buffers.get(b, [])) for b in missing]
+            collected = self._gather(run, sources, stage)
+            run.materialised.update(zip(missing, collected, strict=True))
+        return side_input_state(stage.side_inputs, run.materialised, run.ctx)
+
+    def _run_on_driver(self, run: _Run, spec: TaskSpec, side: dict[Any, Any] | None) -> None:
+        stage = spec.stage
+        rows = [(n, None, value) for n, i in enumerate(stage.inputs)
+                for value in ([ENCODED_IMPULSE_VALUE] if i.buffer_id == IMPULSE_BUFFER
+                              else run.materialised[i.buffer_id])]
+        values: dict[bytes, list[bytes]] = {
+            o.buffer_id: run.materialised.get(o.buffer_id, []) for o in stage.outputs}
+        metric_rows: list[tuple[bytes | None, bytes]] = []
+        try:
+            for tag, key, value in run_stage_task(spec, rows, side or {}, DRIVER_ATTEMPT):
+                if tag == METRICS_TAG:
+                    metric_rows.append((key, bytes(value)))
+                else:
+                    values[stage.outputs[tag].buffer_id].append(bytes(value))
+        except Exception as exc:  # noqa: BLE001 - reported like a failed task of the stage
+            if run.cancelled.is_set():
+                raise JobCancelledError(f"{run.job_id} was cancelled while running") from None
+            raise stage_error(stage, exc) from None
+        run.materialised.update(values)
+        run.record(metric_rows)
+        self.stage_partitions[stage.label] = 1
+        self.driver_stages.append(stage.label)
+
+    def _spec(self, plan: Plan, stage: Stage, job_id: str) -> TaskSpec:
+        return TaskSpec(
             stage=stage,
             components=plan.components,
             groupings={i.buffer_id: plan.groupings[i.buffer_id]
@@ -195,14 +201,62 @@ class Executor:
             metrics_address=self.settings.metrics_address,
             rebalance_address=(self.settings.rebalance_address
                                if stage.kind is StageKind.SPLITTABLE else None),
-            partitions=max(1, partitions),
             pipeline_options=self.settings.pipeline_options,
             worker_connect_timeout_s=self.settings.worker_connect_timeout_s,
         )
+
+    def _declare_stage(self, run: _Run, spec: TaskSpec, side: dict[Any, Any] | None) -> None:
+        stage = spec.stage
+        inputs = []
+        partitions = 0  # how many tasks the stage will have (mapInArrow keeps partitioning)
+        for n, inp in enumerate(stage.inputs):
+            if inp.buffer_id == IMPULSE_BUFFER:
+                df = self.ds.impulse(ENCODED_IMPULSE_VALUE)
+                partitions += 1
+            else:
+                parts = run.buffers.get(inp.buffer_id, [])
+                df = self.ds.union(parts)
+                partitions += sum(self._partitions.get(id(part), 1) for part in parts)
+            inputs.append(self.ds.as_input(df, n))
+        stage_in = self.ds.union(inputs)
+        if stage.kind not in _ARRANGE:
+            raise ExecutionError(f"{stage.display}: the batch executor has no rule for a "
+                                 f"{stage.kind.value} stage")
+        arrange = _ARRANGE[stage.kind]
+        if arrange is not None:
+            stage_in = arrange(self.ds, stage_in)
+            partitions = self.ds.parallelism
+        shipped = self.ds.ship(side) if side is not None else None
+        spec = dataclasses.replace(spec, partitions=max(1, partitions))
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display)
         for index, output in enumerate(stage.outputs):
             selected = self.ds.select_tag(out, index)
             self._partitions[id(selected)] = max(1, partitions)
-            buffers.setdefault(output.buffer_id, []).append(selected)
+            run.buffers.setdefault(output.buffer_id, []).append(selected)
         self.stage_partitions[stage.label] = max(1, partitions)
-        return out
+        run.outputs.append(out)
+        run.pending.append(out)
+
+
+# The attempt key of a stage run in the driver: no Spark stage, one partition, first attempt.
+DRIVER_ATTEMPT = (-1, 0, 0)
+
+
+@dataclass
+class _Run:
+    """One run of a plan: the buffers declared so far and what the driver holds."""
+
+    plan: Plan
+    job_id: str
+    progress: Progress
+    cancelled: threading.Event
+    ctx: Any
+    buffers: dict[bytes, list[Any]] = field(default_factory=dict)  # buffer -> DataFrames
+    materialised: dict[bytes, list[bytes]] = field(default_factory=dict)  # in the driver
+    outputs: list[Any] = field(default_factory=list)  # every stage output, released at end
+    pending: list[Any] = field(default_factory=list)  # outputs whose metrics are not in
+    on_driver: set[str] = field(default_factory=set)  # labels of the stages run here
+
+    def record(self, metric_rows: list[tuple[bytes | None, bytes]]) -> None:
+        infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in metric_rows]
+        self.progress.add(infos, {key for key, _ in metric_rows if key is not None})

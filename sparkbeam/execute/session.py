@@ -20,6 +20,8 @@ from sparkbeam.options import SparkOptions, parse_spark_conf, positive_or_none
 _LOG = logging.getLogger(__name__)
 
 _STARTS: SingleFlight[SparkSession] = SingleFlight()
+LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 def session_config() -> dict[str, str]:
@@ -29,6 +31,10 @@ def session_config() -> dict[str, str]:
         "spark.python.daemon.module": "sparkbeam.execute.daemon",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.ui.showConsoleProgress": "false",
+        # Adaptive execution re-plans nothing in a sparkbeam plan (every shuffle has its
+        # partition count, no joins) but runs each shuffle as a Spark job of its own (seven
+        # for a small word count): off, one action is one Spark job.
+        "spark.sql.adaptive.enabled": "false",
     }
 
 
@@ -101,6 +107,12 @@ def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSessio
     if remote and remote.startswith("sc://"):
         # A running Connect server takes runtime SQL settings only (the rest is its own).
         defaults = {k: v for k, v in defaults.items() if k.startswith("spark.sql.")}
+    else:
+        # The driver JVM logs at --spark_log_level from its first line (Spark's default
+        # profile prints itself and every WARN of a local start before setLogLevel could act).
+        quiet = (f"-Dlog4j2.configurationFile={LOG4J_CONFIG} "
+                 f"-Dsparkbeam.spark.log.level={options.spark_log_level}")
+        defaults[_JAVA_OPTIONS] = " ".join(filter(None, [quiet, defaults.get(_JAVA_OPTIONS)]))
     for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
         builder = builder.config(key, value)
     where = f"Spark Connect server {remote}" if remote else f"master {master}"

@@ -20,17 +20,24 @@ def _spark_session():
 
 def run_and_collect(build: Callable, runner, args: list[str] | None = None) -> list[str]:
     """Runs build(p) on `runner`; returns the repr of every output element, sorted."""
+    return run_and_collect_with_result(build, runner, args)[0]
+
+
+def run_and_collect_with_result(build: Callable, runner, args: list[str] | None = None):
+    """run_and_collect, and the finished run's PipelineResult."""
     out = _tmp("out")
-    with beam.Pipeline(runner=runner, options=PipelineOptions(args or [])) as p:
-        (build(p) | "ToText" >> beam.Map(repr)
-         | "WriteOut" >> beam.io.WriteToText(out, shard_name_template="-SS-of-NN"))
+    p = beam.Pipeline(runner=runner, options=PipelineOptions(args or []))
+    (build(p) | "ToText" >> beam.Map(repr)
+     | "WriteOut" >> beam.io.WriteToText(out, shard_name_template="-SS-of-NN"))
+    result = p.run()
+    result.wait_until_finish()
     lines: list[str] = []
     directory = os.path.dirname(out)
     for name in os.listdir(directory):
         if name.startswith(os.path.basename(out)):
             with open(os.path.join(directory, name)) as f:
                 lines.extend(line.rstrip("\n") for line in f)
-    return sorted(lines)
+    return sorted(lines), result
 
 
 _EXPECTED: dict[str, list[str]] = {}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,6 +28,27 @@ def test_sparkbeam_run_executes_the_wordcount_example(tmp_path) -> None:  # type
     lines = [ln for f in tmp_path.glob("counts*") for ln in f.read_text().splitlines()]
     counts = dict(ln.rsplit(": ", 1) for ln in lines)
     assert counts["better"] == str(8 * 200)  # "better" appears 8 times in the Zen
+
+
+SPARK_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) ", re.M)
+
+
+def test_make_run_is_quiet_and_says_where_the_output_is(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`make run` as a newcomer sees it: no Spark warnings or log profile lines, no Beam
+    import warnings; what ran, how long it took and where the output is."""
+    out = tmp_path / "wordcount"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "wordcount.py"), "--output", str(out)],
+        capture_output=True, text=True, timeout=300, env=_env(), check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not SPARK_LOG_LINE.search(proc.stderr), proc.stderr
+    for noise in ("apitools", "log4j profile", "Setting default log level"):
+        assert noise not in proc.stderr, proc.stderr
+    assert re.search(r"counted the words of .+ on Spark \(local\[\*\]\) in [\d.]+ s",
+                     proc.stdout), proc.stdout
+    written = sorted(str(p) for p in tmp_path.glob("wordcount-*-of-*"))
+    assert written and all(f"  {path}" in proc.stdout for path in written)
 
 
 def _free_port() -> int:

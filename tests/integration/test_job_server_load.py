@@ -68,7 +68,9 @@ def word_count_job(endpoint: str, n: int) -> None:
     expected = sorted((w, words.count(w)) for w in set(words))
     with beam.Pipeline(options=PipelineOptions([
         "--runner=PortableRunner", f"--job_endpoint={endpoint}",
-        "--environment_type=LOOPBACK", "--job_server_timeout=60",
+        # Beam's client makes this its deadline for the whole job (state and message
+        # streams); twenty first jobs at once on two cores may take longer than its 60 s.
+        "--environment_type=LOOPBACK", "--job_server_timeout=600",
     ])) as p:
         counts = p | beam.Create(words) | beam.combiners.Count.PerElement()
         assert_that(counts, equal_to(expected))

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import expected_from_fnapi, run_and_collect, spark_runner
+from tests.integration.conftest import (
+    expected_from_fnapi,
+    run_and_collect_with_result,
+    spark_runner,
+)
 from tests.integration.pipelines import PIPELINES
 
 SHAPES = {
@@ -22,5 +26,17 @@ def test_same_output_as_fnapi_runner(name: str, shape: str) -> None:
     build = PIPELINES[name]
     expected = expected_from_fnapi(name, build)
     assert expected, f"{name} produced no output on FnApiRunner; the test would prove nothing"
-    actual = run_and_collect(build, spark_runner(), SHAPES[shape])
+    actual, result = run_and_collect_with_result(build, spark_runner(), SHAPES[shape])
     assert actual == expected
+    # Each pipeline (ending in WriteToText) runs as one Spark job, plus one per side input the
+    # driver collects; WriteToText's initialisation and finalisation run in the driver.
+    assert result.spark_jobs <= SPARK_JOBS.get(name, 1), result.spark_jobs
+
+
+# The pipelines whose side inputs come from Spark stages: their bound is 2 Spark jobs.
+SPARK_JOBS = {
+    "combine_globally_empty": 2,  # CombineGlobally's default value is a side input
+    "combine_globally_mean": 2,
+    "side_inputs_all_kinds": 2,
+    "windowed_side_inputs": 2,
+}

@@ -74,7 +74,9 @@ def test_streaming_refusals_come_from_the_stage_kind_table_all_at_once() -> None
     from sparkbeam.runner import prepare
 
     p = beam.Pipeline()
-    side = p | "Side" >> beam.Create([0])
+    # Key-value side elements too: Beam's ParDo picks the input whose type it checks for
+    # keys from a set of both (apache_beam/transforms/core.py, _get_key_and_window_coder).
+    side = p | "Side" >> beam.Create([("s", 0)])
     _ = (p | beam.Create([("k", 1)]).with_output_types(tuple[str, int]) | "UsesSide" >> beam.ParDo(
         _Stateful(), beam.pvalue.AsList(side)))
     proto = p.to_runner_api()

@@ -189,3 +189,58 @@ def test_unreported_lists_committed_attempts_without_a_final_report() -> None:
     missing = AttemptKey("job-001", "stage-001", 1, 2, 0)
     assert unreported([running.key, done.key, missing], _by_key(running, done)) == [
         running.key, missing]
+
+
+class _Collector:
+    """The reports a collector would hold, as the test sets them."""
+
+    def __init__(self) -> None:
+        self.reports: dict[AttemptKey, AttemptReport] = {}
+
+    def attempt_reports(self, job: str) -> dict[AttemptKey, AttemptReport]:
+        return dict(self.reports)
+
+
+def test_on_a_terminal_a_live_bar_per_stage_then_the_final_lines() -> None:
+    import io
+    import time
+
+    from rich.console import Console
+
+    from sparkbeam.progress_watch import LiveView, ProgressWatch
+
+    screen = io.StringIO()
+    collector = _Collector()
+    logged: list[str] = []
+    watch = ProgressWatch(
+        "job-001", ProgressTracker([_stage("stage-001", ["in"])]), collector,
+        {"stage-001": 2}, interval=5.0, log=logged.append, terminal=True,
+        view=lambda: LiveView(Console(file=screen, force_terminal=True, width=120)),
+    )
+    watch.start()
+    report = _report("stage-001", 0, [_elements("in", 1234), _sizes("in", 2, 200)], final=True)
+    collector.reports = {report.key: report}
+    time.sleep(0.8)  # the view redraws every 0.5 s
+    watch.finish(set())
+    drawn = screen.getvalue()
+    assert "stage-001 [ParDo(Read)]" in drawn
+    assert "1/2 tasks" in drawn and "1,234 elements, 123.4 KB" in drawn
+    # No lines while the view shows the numbers; one line per stage at the end.
+    assert logged == ["stage-001 [ParDo(Read)]: 1,234 elements, 123.4 KB, 50% (1/2 tasks)"]
+
+
+def test_without_a_terminal_only_lines() -> None:
+    from sparkbeam.progress_watch import ProgressWatch
+
+    collector = _Collector()
+    logged: list[str] = []
+    watch = ProgressWatch(
+        "job-001", ProgressTracker([_stage("stage-001", ["in"])]), collector,
+        {"stage-001": 1}, interval=0.05, log=logged.append, terminal=False,
+        view=lambda: (_ for _ in ()).throw(AssertionError("no view without a terminal")),
+    )
+    watch.start()
+    report = _report("stage-001", 0, [_elements("in", 3)], final=True)
+    collector.reports = {report.key: report}
+    watch.finish(set())
+    assert logged[-1] == "stage-001 [ParDo(Read)]: 3 elements, ? B, 100% (1/1 tasks)"

@@ -1,0 +1,54 @@
+"""Which stages of a batch plan run in the driver instead of as Spark tasks.
+
+A Spark job costs tens to hundreds of milliseconds before any of its tasks runs. WriteToText's
+initialisation and finalisation, like any singleton computed from nothing, are stages that
+handle one element, start from an impulse and end in side inputs, which the driver collects
+anyway: each would cost a Spark job for a few microseconds of work. Such stages run in the
+driver on the values it holds.
+
+The driver stages are the largest set of stages such that each
+- is a plain stage (no grouping, state, timers or splitting) on the embedded bundle
+  processor (an SDK worker of its own environment runs where Spark runs it);
+- reads only impulses and the outputs of other driver stages; and
+- feeds no Spark stage: every stage reading one of its outputs as a main input is a driver
+  stage too, so nothing a driver stage makes has to travel back into Spark. Its outputs are
+  side inputs, inputs of driver stages, or nothing at all; and no Spark stage writes to the
+  same buffer (a side input's values are then all in the driver when its readers run).
+So a stage that generates data for the rest of the pipeline (an impulse expanded by a
+FlatMap into a shuffle) stays a Spark task, and the driver never holds more than Spark would
+have collected into it as side inputs, plus what driver stages pass each other.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sparkbeam.control.lease import runs_embedded
+from sparkbeam.plan.model import IMPULSE_BUFFER, Stage, StageKind
+
+
+def driver_stages(stages: Sequence[Stage]) -> set[str]:
+    """The labels of the stages that run in the driver (see the module doc): the greatest
+    set meeting the conditions, found by dropping offenders until none is left."""
+    chosen = {s.label for s in stages
+              if s.kind is StageKind.PLAIN and s.inputs and runs_embedded(s.environment)}
+    producers: dict[bytes, set[str]] = {}  # a flattened buffer has several
+    readers: dict[bytes, set[str]] = {}
+    for s in stages:
+        for o in s.outputs:
+            producers.setdefault(o.buffer_id, set()).add(s.label)
+        for i in s.inputs:
+            readers.setdefault(i.buffer_id, set()).add(s.label)
+    changed = True
+    while changed:
+        changed = False
+        for s in stages:
+            if s.label not in chosen:
+                continue
+            inputs_here = all(i.buffer_id == IMPULSE_BUFFER
+                              or producers.get(i.buffer_id, {""}) <= chosen for i in s.inputs)
+            outputs_stay = all(readers.get(o.buffer_id, set()) <= chosen
+                               and producers[o.buffer_id] <= chosen for o in s.outputs)
+            if not (inputs_here and outputs_stay):
+                chosen.discard(s.label)
+                changed = True
+    return chosen

@@ -1,0 +1,74 @@
+"""Which stages run in the driver: the WriteToText shape, and every way a stage stays in Spark."""
+from __future__ import annotations
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from sparkbeam.engine.placement import driver_stages
+from sparkbeam.plan.model import IMPULSE_BUFFER, Stage, StageInput, StageKind, StageOutput
+
+
+def _stage(label: str, inputs: list[bytes], outputs: list[bytes],
+           kind: StageKind = StageKind.PLAIN, environment: bytes = b"") -> Stage:
+    return Stage(
+        index=int(label.rsplit("-", 1)[1]), name=label, label=label, description=label,
+        transforms=(), descriptor=b"",
+        inputs=tuple(StageInput(f"in{n}", b, "c") for n, b in enumerate(inputs)),
+        outputs=tuple(StageOutput(f"out{n}", b, "c") for n, b in enumerate(outputs)),
+        kind=kind, environment=environment,
+    )
+
+
+def _write_to_text(data_kind: StageKind = StageKind.GROUPED) -> list[Stage]:
+    """The stages of `Create(...) | WriteToText(...)` as the fuser makes them."""
+    return [
+        _stage("stage-000", [IMPULSE_BUFFER], [b"created"]),  # Create, into a reshuffle
+        _stage("stage-001", [IMPULSE_BUFFER], [b"do_once", b"init"]),  # DoOnce, Initialize
+        _stage("stage-002", [b"created"], [b"written"], data_kind),  # WriteBundles (init side)
+        _stage("stage-003", [b"written"], [b"results"], StageKind.GROUPED),  # Extract
+        _stage("stage-004", [b"do_once"], [b"pre"]),  # PreFinalize (init, results sides)
+        _stage("stage-005", [b"do_once"], []),  # FinalizeWrite (init, results, pre sides)
+    ]
+
+
+def test_write_to_text_initialisation_and_finalisation_run_in_the_driver() -> None:
+    assert driver_stages(_write_to_text()) == {"stage-001", "stage-004", "stage-005"}
+
+
+def test_a_stage_feeding_a_spark_stage_stays_in_spark_and_so_do_its_driver_readers() -> None:
+    stages = _write_to_text()
+    # A PLAIN reader of do_once that feeds the shuffle: do_once must travel into Spark, so
+    # DoOnce's stage stays there, and then its other readers cannot run in the driver.
+    stages.append(_stage("stage-006", [b"do_once"], [b"created"]))
+    assert driver_stages(stages) == set()
+
+
+def test_data_generated_from_an_impulse_for_the_pipeline_stays_in_spark() -> None:
+    # Impulse | FlatMap(generate) | GroupByKey: the generator's output is a main input of a
+    # grouped stage.
+    stages = [_stage("stage-000", [IMPULSE_BUFFER], [b"generated"]),
+              _stage("stage-001", [b"generated"], [], StageKind.GROUPED)]
+    assert driver_stages(stages) == set()
+
+
+def test_a_buffer_a_spark_stage_also_writes_keeps_its_driver_producer_in_spark() -> None:
+    # A side input flattened from a driver candidate and a Spark stage: all of its values
+    # must come from Spark's collection, so neither producer runs in the driver.
+    stages = [_stage("stage-000", [IMPULSE_BUFFER], [b"side"]),
+              _stage("stage-001", [IMPULSE_BUFFER], [b"data"]),
+              _stage("stage-002", [b"data"], [b"side"], StageKind.GROUPED)]
+    assert driver_stages(stages) == set()
+
+
+def test_keyed_stages_and_sdk_worker_environments_stay_in_spark() -> None:
+    process = beam_runner_api_pb2.Environment(
+        urn=common_urns.environments.PROCESS.urn).SerializeToString()
+    stages = [_stage("stage-000", [IMPULSE_BUFFER], [b"a"], StageKind.STATEFUL),
+              _stage("stage-001", [IMPULSE_BUFFER], [b"b"], StageKind.SPLITTABLE),
+              _stage("stage-002", [IMPULSE_BUFFER], [b"c"], environment=process),
+              _stage("stage-003", [IMPULSE_BUFFER], [b"d"])]
+    assert driver_stages(stages) == {"stage-003"}
+
+
+def test_a_stage_without_inputs_is_not_a_driver_stage() -> None:
+    assert driver_stages([_stage("stage-000", [], [b"x"])]) == set()
