@@ -232,6 +232,17 @@ def _scaling_section(runs: list[Run], order: list[str]) -> list[str]:
     return out
 
 
+def _spark_jobs_section(runs: list[Run]) -> list[str]:
+    """How many Spark jobs each timed sparkbeam run took (recorded since 2026-11-24)."""
+    counted = [r for r in runs if r.get("spark_jobs") is not None]
+    if not counted:
+        return []
+    rows = [[r["workload"], WORKLOADS[r["workload"]].size_label(r["size"]), str(r["spark_jobs"])]
+            for r in sorted(counted, key=lambda r: (r["workload"], r["size"]))]
+    return ["## Spark jobs per sparkbeam run", "",
+            *_table(["workload", "size", "Spark jobs"], rows), ""]
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The full RESULTS.md text."""
     runs: list[Run] = results["runs"]
@@ -248,6 +259,7 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         out += [f"### {wname}: {WORKLOADS[wname].title}", "", *_table(HEADER, rows), ""]
     out += _scaling_section(runs, order)
+    out += _spark_jobs_section(runs)
     bad = [r for r in runs if verdict(r) != "correct"]
     if bad:
         rank = {name: i for i, name in enumerate(order)}

@@ -37,14 +37,15 @@ SPARK_CONF = {
 }
 
 
-def spark_session(app: str) -> Any:
-    """Creates (or returns) the process's ``local[2]`` SparkSession."""
+def spark_session(app: str, extra: dict[str, str] | None = None) -> Any:
+    """Creates (or returns) the process's ``local[2]`` SparkSession (``extra``: settings of
+    one runner's own on top of the shared ones)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(SPARK_MASTER).appName(app)
-    for key, value in SPARK_CONF.items():
+    for key, value in {**SPARK_CONF, **(extra or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -55,6 +56,7 @@ class Runner:
     """A started runner. ``run`` executes one workload; ``stop`` shuts down."""
 
     name = ""
+    spark_jobs: int | None = None  # Spark jobs of the last run, where the runner says
 
     def run(self, ds: Dataset, out_prefix: str) -> str:
         """Runs the workload, writing under ``out_prefix``; returns the output glob."""
@@ -81,6 +83,7 @@ class BeamRunner(Runner):
         pipelines.build(p, ds, out_prefix, self._io)
         result = p.run()
         state = result.wait_until_finish()
+        self.spark_jobs = getattr(result, "spark_jobs", None)
         if state is not None and str(state) not in ("DONE", "PipelineState.DONE"):
             raise RuntimeError(f"pipeline finished in state {state}")
         return out_prefix + "*"
@@ -92,7 +95,11 @@ class SparkBeamRunner(BeamRunner):
     ``SparkSession.builder.getOrCreate()``)."""
 
     def __init__(self) -> None:
-        self._spark = spark_session("bench-sparkbeam")
+        from sparkbeam.execute.session import session_config
+
+        # The session sparkbeam would create itself (its worker daemon, adaptive execution
+        # off), made here only so that the JVM's start is timed as start-up.
+        self._spark = spark_session("bench-sparkbeam", session_config())
         super().__init__(None, ["--runner=sparkbeam.SparkRunner", f"--spark_master={SPARK_MASTER}"])
 
     def stop(self) -> None:

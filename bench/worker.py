@@ -262,6 +262,8 @@ class Session:
             try:
                 pattern = runner.run(ds, out_prefix)
                 fields: dict[str, Any] = {"run_s": time.perf_counter() - t1}
+                if runner.spark_jobs is not None:
+                    fields["spark_jobs"] = runner.spark_jobs
             except BaseException as exc:  # noqa: BLE001
                 traceback.print_exc()
                 fields, pattern = {"status": "FAILED", "error": f"[run] {first_line(exc)}"}, ""

@@ -93,7 +93,6 @@ class Executor:
         self.settings = settings
         self._partitions: dict[int, int] = {}  # id(buffer DataFrame) -> its partitions
         self.stage_partitions: dict[str, int] = {}  # stage label -> its tasks
-        self.driver_stages: list[str] = []  # labels of the stages the last run ran here
 
     def run(
         self,
@@ -109,7 +108,6 @@ class Executor:
         run = _Run(plan, job_id, progress, cancelled, pipeline_context(plan.components),
                    # Over Connect this process is a client, not Spark's driver.
                    on_driver=set() if self.ds.connect else driver_stages(plan.stages))
-        self.driver_stages = []
         try:
             with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"):
                 for stage in plan.stages:
@@ -186,7 +184,6 @@ class Executor:
         run.materialised.update(values)
         run.record(metric_rows)
         self.stage_partitions[stage.label] = 1
-        self.driver_stages.append(stage.label)
 
     def _spec(self, plan: Plan, stage: Stage, job_id: str) -> TaskSpec:
         return TaskSpec(

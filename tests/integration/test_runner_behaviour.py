@@ -1,6 +1,7 @@
 """SparkRunner's promises beyond outputs: errors, metrics, bundle bounds, cancel, sessions."""
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -37,6 +38,39 @@ def test_user_exception_names_transform_type_message_and_traceback() -> None:
     assert "stage-" in err.stage
     assert "in explode" in err.user_traceback  # the user's own frame
     assert "Py4J" not in str(err) and "Python worker exited" not in str(err)
+
+
+def test_a_stage_run_in_the_driver_reports_errors_and_metrics_like_a_spark_task(
+        caplog) -> None:  # type: ignore[no-untyped-def]
+    """Create([None]) | Map(...) read only as a side input runs in the driver (no Spark job):
+    its counter is committed once, its failure names the transform and the user's frame."""
+    caplog.set_level(logging.INFO, logger="sparkbeam.runner")
+    made = Metrics.counter("driver", "made")
+
+    def make(_):  # type: ignore[no-untyped-def]
+        made.inc()
+        return 10
+
+    p = _pipeline()
+    side = p | "One" >> beam.Create([None]) | "Make" >> beam.Map(make)
+    out = (p | beam.Create([1, 2])
+           | "Add" >> beam.Map(lambda x, n: x + n, beam.pvalue.AsSingleton(side)))
+    assert_that(out, equal_to([11, 12]))
+    result = p.run()
+    assert result.wait_until_finish() == PipelineState.DONE
+    (c,) = result.metrics().query(MetricsFilter().with_name("made"))["counters"]
+    assert (c.committed, c.attempted) == (1, 1)
+    assert any("[One/FlatMap" in r.message and "Make] in the driver" in r.message
+               for r in caplog.records), [r.message for r in caplog.records]
+
+    def explode(_):  # type: ignore[no-untyped-def]
+        raise ValueError("no side for you")
+
+    with pytest.raises(UserCodeError, match=r"(?s)'ExplodeInDriver'.*ValueError: no side") as info:
+        with _pipeline() as p:
+            side = p | "One" >> beam.Create([None]) | "ExplodeInDriver" >> beam.Map(explode)
+            _ = p | beam.Create([1]) | beam.Map(lambda x, n: x, beam.pvalue.AsSingleton(side))
+    assert "in explode" in info.value.user_traceback
 
 
 def test_every_unsupported_feature_is_listed_at_once() -> None:
