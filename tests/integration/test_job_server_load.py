@@ -60,6 +60,9 @@ def fresh_server(tmp_path: Path, *flags: str) -> Iterator[tuple[subprocess.Popen
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        # The server's log (and its JVM's) for the report of a failed test.
+        while not lines.empty():
+            sys.stderr.write(f"[server] {lines.get()}")
 
 
 def word_count_job(endpoint: str, n: int) -> None:
