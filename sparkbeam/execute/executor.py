@@ -82,10 +82,10 @@ class Executor:
     once for the side inputs a stage reads that no earlier action brought back, and once at
     the end; each action also brings back the metric rows of every stage declared so far
     (and so runs them, side by side where independent), so the end needs an action only for
-    stages declared after the last side input. A stage whose only input is an impulse and
-    whose outputs feed nothing but side inputs (WriteToText's initialisation and
-    finalisation, a singleton computed from nothing) runs in the driver, on the values it
-    already holds: no Spark job for a step that handles one element.
+    stages declared after the last side input. The stages `engine/placement.py` picks
+    (impulses in; out, nothing but side inputs and the inputs of other such stages:
+    WriteToText's initialisation and finalisation, a singleton computed from nothing) run in
+    the driver, on the values it already holds: no Spark job for a step of one element.
     """
 
     def __init__(self, datasets: Datasets, settings: ExecutionSettings) -> None:
