@@ -33,7 +33,8 @@ def session_config() -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         # Adaptive execution re-plans nothing in a sparkbeam plan (every shuffle has its
         # partition count, no joins) but runs each shuffle as a Spark job of its own (seven
-        # for a small word count): off, one action is one Spark job.
+        # to nine for the one action of a small catalogue pipeline): off, one action is one
+        # Spark job.
         "spark.sql.adaptive.enabled": "false",
     }
 
