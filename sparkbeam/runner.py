@@ -1,11 +1,13 @@
 """SparkRunner: `--runner=sparkbeam.SparkRunner` runs a Beam pipeline on a SparkSession."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import json
 import logging
 import threading
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -25,14 +27,23 @@ from sparkbeam.control.metrics_channel import (
 from sparkbeam.control.progress import ProgressTracker
 from sparkbeam.control.rebalance_channel import RebalanceServer, shared_rebalancer
 from sparkbeam.errors import (
+    ExecutionError,
     JobCancelledError,
     JobStateError,
     SparkBeamError,
+    Unsupported,
     UnsupportedFeatureError,
 )
 from sparkbeam.metrics import SparkMetrics
+from sparkbeam.mode import inferred_streaming
 from sparkbeam.options import SparkOptions, positive_or_none
-from sparkbeam.plan.check import find_unsupported, option_problems, plan_problems
+from sparkbeam.plan.check import (
+    find_unsupported,
+    is_local_master,
+    option_problems,
+    plan_problems,
+)
+from sparkbeam.plan.fingerprint import dumps, pipeline_fingerprint
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.validate import check_structure
@@ -61,7 +72,15 @@ def prepare(
     A malformed proto is refused first (`InvalidPipelineError`), before anything reads it.
     """
     check_structure(proto)
-    streaming = bool(options.view_as(pipeline_options.StandardOptions).streaming)
+    standard = options.view_as(pipeline_options.StandardOptions)
+    reason = inferred_streaming(
+        proto, streaming=bool(standard.streaming),
+        experiments=options.view_as(pipeline_options.DebugOptions).experiments or [])
+    if reason:
+        # As Beam's Dataflow runner does: the rest of the job reads the flag.
+        standard.streaming = True
+        _LOG.info("running as a stream: %s (as with --streaming)", reason)
+    streaming = bool(standard.streaming)
     spark_options = options.view_as(SparkOptions)
     problems = find_unsupported(proto, streaming=streaming)
     pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
@@ -73,7 +92,20 @@ def prepare(
     problems.extend(option_problems(
         streaming=streaming, checkpoint_dir=spark_options.checkpoint_dir,
         budgets={flag: getattr(spark_options, flag)
-                 for flag in ("max_items_per_batch", "max_bytes_per_batch")}))
+                 for flag in ("max_items_per_batch", "max_bytes_per_batch")},
+        master=spark_options.spark_master, remote=spark_options.spark_remote))
+    if plan is not None and streaming:
+        fingerprint = pipeline_fingerprint(proto, plan)
+        plan = dataclasses.replace(plan, streaming_reason=reason or "",
+                                   fingerprint=dumps(fingerprint))
+        if spark_options.checkpoint_dir:
+            # Imported here: the runner module loads no streaming code for batch jobs.
+            from sparkbeam.streaming.pipeline_record import checkpoint_problem
+
+            problem = checkpoint_problem(spark_options.checkpoint_dir, fingerprint)
+            if problem:
+                problems.append(Unsupported("a checkpoint directory of another pipeline",
+                                            "--checkpoint_dir", problem))
     if problems:
         raise UnsupportedFeatureError(problems)
     assert plan is not None
@@ -231,16 +263,40 @@ class SparkJob:
 
     def _run_streaming(self, spark: Any) -> None:
         from sparkbeam.streaming.job import run_streaming
+        from sparkbeam.streaming.pipeline_record import record_pipeline
 
-        assert self._collector is not None
+        assert self._collector is not None and self._datasets is not None
         self.streaming = True
+        if self.plan.streaming_reason:
+            self._log(f"{self.job_id} runs as a stream: {self.plan.streaming_reason} (no "
+                      "--streaming needed)")
+        checkpoint_dir = self._checkpoint_dir(self._datasets)
+        record_pipeline(checkpoint_dir, json.loads(self.plan.fingerprint))
         self._set_state(PipelineState.RUNNING)
         started = time.time()
         run_streaming(spark, self.plan, self.options, self.job_id, self._collector,
                       self.cancelled, self._log, on_progress=self._keep_batches,
-                      drain=self.drained, on_run=self._keep_run)
+                      drain=self.drained, on_run=self._keep_run,
+                      checkpoint_dir=checkpoint_dir)
         self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
         self._set_state(PipelineState.DRAINED if self.drained.is_set() else PipelineState.DONE)
+
+    def _checkpoint_dir(self, datasets: Datasets) -> str:
+        """--checkpoint_dir, else (on a local master only) a fresh directory, named in the log
+        with how to resume from it."""
+        given = self.options.view_as(SparkOptions).checkpoint_dir
+        if given:
+            return str(given)
+        master = datasets.master()
+        if datasets.connect or not is_local_master(master):
+            raise ExecutionError(
+                f"{self.job_id}: streaming on {'Spark Connect' if datasets.connect else master} "
+                "needs --checkpoint_dir, a directory the driver and every executor share "
+                "(executors read the query's offset log)")
+        path = tempfile.mkdtemp(prefix=f"sparkbeam-checkpoint-{self.job_id}-")
+        self._log(f"{self.job_id}: checkpointing to {path} (no --checkpoint_dir given); run "
+                  f"the same pipeline with --checkpoint_dir={path} to resume where it stops")
+        return path
 
     def _keep_run(self, run: Any) -> None:
         self._streaming_run = run

@@ -105,6 +105,15 @@ class Datasets:
         rows = df.where(F.col("tag") == tag).select("key", "value").collect()
         return [(None if r.key is None else bytes(r.key), bytes(r.value)) for r in rows]
 
+    def master(self) -> str:
+        """The session's master URL ('' when Spark Connect does not say)."""
+        if self.connect:
+            try:
+                return str(self.spark.conf.get("spark.master", "") or "")
+            except Exception:  # noqa: BLE001 - a Connect server may refuse to tell
+                return ""
+        return str(self.spark.sparkContext.master)
+
     def driver_host(self) -> str:
         """Where tasks can reach the driver (for live metrics)."""
         if self.connect:

@@ -23,6 +23,7 @@ from sparkbeam.errors import JobStateError
 from sparkbeam.jobservice import state as st
 from sparkbeam.jobservice.protocol import DependencySets, JobExecutor, RunHandle
 from sparkbeam.jobservice.status import describe_failure
+from sparkbeam.mode import inferred_streaming
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Job:
         self._pipeline = pipeline.SerializeToString()
         self.options = options
         self.run_lock = threading.Lock()  # one Run request at a time gets past staging
-        self._machine = st.JobStateMachine(job_id, streaming=_is_streaming(options))
+        self._machine = st.JobStateMachine(job_id, streaming=_is_streaming(pipeline, options))
         self._cond = threading.Condition()
         self._states: list[beam_job_api_pb2.JobStateEvent] = []
         self._messages: list[beam_job_api_pb2.JobMessagesResponse] = []
@@ -297,10 +298,18 @@ class Job:
                 return
 
 
-def _is_streaming(options: struct_pb2.Struct) -> bool:
-    """Whether the job's options ask for streaming (as the portable client or a plain
-    dictionary of options names it)."""
+def _is_streaming(pipeline: beam_runner_api_pb2.Pipeline, options: struct_pb2.Struct) -> bool:
+    """Whether the job runs as a stream: its options ask for it (as the portable client or a
+    plain dictionary of options names it) or its graph does (`sparkbeam.mode`)."""
+    flag = False
     for name in ("beam:option:streaming:v1", "streaming"):
         if name in options.fields:
-            return bool(options.fields[name].bool_value)
-    return False
+            flag = bool(options.fields[name].bool_value)
+            break
+    experiments: list[str] = []
+    for name in ("beam:option:experiments:v1", "experiments"):
+        if name in options.fields and options.fields[name].HasField("list_value"):
+            experiments = [v.string_value for v in options.fields[name].list_value.values]
+            break
+    return flag or inferred_streaming(pipeline, streaming=flag,
+                                      experiments=experiments) is not None

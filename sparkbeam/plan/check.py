@@ -19,6 +19,7 @@ from apache_beam.runners.worker import bundle_processor
 
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
+from sparkbeam.mode import BATCH_EXPERIMENT
 from sparkbeam.plan.model import Plan, Stage, StageKind, side_input_proto
 
 _LOG = logging.getLogger(__name__)
@@ -72,11 +73,10 @@ def find_unsupported(
             continue  # an empty composite that passes its input through
         urn = t.spec.urn
         if urn == urns.TEST_STREAM and not streaming:
-            found.append(
-                Unsupported(
-                    "TestStream", f"transform '{name}'", "TestStream runs with --streaming"
-                )
-            )
+            # Reached only when the batch experiment overrides `sparkbeam.mode`'s inference.
+            found.append(Unsupported(
+                "TestStream in batch", f"transform '{name}'",
+                f"a TestStream runs as a stream; drop the experiment {BATCH_EXPERIMENT}"))
         elif urn and urn not in supported and not (streaming and urn == urns.TEST_STREAM):
             hint = "a cross-language or runner-specific transform" if ":" in urn else ""
             found.append(Unsupported(f"transform URN {urn}", f"transform '{name}'", hint))
@@ -200,17 +200,29 @@ def plan_problems(plan: Plan, *, streaming: bool) -> list[Unsupported]:
 
 
 def option_problems(*, streaming: bool, checkpoint_dir: str | None,
-                    budgets: dict[str, int | None]) -> list[Unsupported]:
-    """Options that make the job impossible, whatever the pipeline."""
+                    budgets: dict[str, int | None], master: str | None = None,
+                    remote: str | None = None) -> list[Unsupported]:
+    """Options that make the job impossible, whatever the pipeline. Streaming without
+    `--checkpoint_dir` is refused here only when the options name a cluster; on a local
+    master the job makes a fresh directory when it starts (the session decides, at run)."""
     found = []
-    if streaming and not checkpoint_dir:
-        found.append(Unsupported("streaming without --checkpoint_dir", "the pipeline options",
-                                 "a streaming job needs a checkpoint directory"))
+    if streaming and not checkpoint_dir and (remote or not is_local_master(master)):
+        where = f"Spark Connect {remote}" if remote else f"master {master}"
+        found.append(Unsupported(
+            "streaming without --checkpoint_dir", f"the pipeline options ({where})",
+            "on a cluster the checkpoint directory must be one the driver and every executor "
+            "share (executors read its offset log); give --checkpoint_dir"))
     for flag, value in budgets.items():
         if value is not None and value < 1:
             found.append(Unsupported(f"--{flag}={value}", "the pipeline options",
                                      "a work budget must be at least 1"))
     return found
+
+
+def is_local_master(master: str | None) -> bool:
+    """Whether a master runs driver and executors on this machine (None: sparkbeam's default,
+    local[*], unless spark-submit gave one, which the session finds at run)."""
+    return master is None or master.startswith("local")
 
 
 def _side_mapping_problems(stage: Stage, where: str) -> list[Unsupported]:

@@ -124,6 +124,10 @@ class Plan:
     stages: tuple[Stage, ...]
     groupings: dict[bytes, Grouping] = field(default_factory=dict)
     pickle_library: str = "default"
+    # Streaming: why it runs as a stream without --streaming ("" if the flag said so or in
+    # batch), and the pipeline's fingerprint its checkpoint directory records (JSON).
+    streaming_reason: str = ""
+    fingerprint: str = ""
 
 
 def side_input_proto(stage: Stage, use: SideInputUse) -> beam_runner_api_pb2.SideInput:

@@ -3,6 +3,7 @@
 The one module that knows where things are under `--checkpoint_dir` (no pyspark):
 
     offsets/<batch>                 Spark's offset log (Spark writes it; read here only)
+    sparkbeam-pipeline.json         the pipeline the directory belongs to (`pipeline_record.py`)
     commits/, state/, sources/      Spark's own (never read here)
     sides/<tag>/batch-B-part-P      one task's elements of a side-input buffer in batch B
     holds/<label>/batch-B-part-P    one holding task's earliest hold at the end of batch B
@@ -61,6 +62,10 @@ class CheckpointLayout:
 
     def hold_dir(self, label: str) -> str:
         return os.path.join(self.root, "holds", label)
+
+    @property
+    def pipeline_record(self) -> str:
+        return os.path.join(self.root, "sparkbeam-pipeline.json")
 
     @property
     def drain_marker(self) -> str:

@@ -35,10 +35,15 @@ def run_streaming(
     on_progress: Callable[[list[dict[str, Any]]], None] = lambda progress: None,
     drain: threading.Event | None = None,
     on_run: Callable[[StreamingQueryRun], None] = lambda run: None,
+    checkpoint_dir: str | None = None,
 ) -> StreamingQueryRun:
+    """Runs the plan as one streaming query on `checkpoint_dir` (default: the options')."""
     spark_options = options.view_as(SparkOptions)
+    checkpoint_dir = checkpoint_dir or spark_options.checkpoint_dir
+    if not checkpoint_dir:
+        raise ValueError("a streaming query needs a checkpoint directory")
     settings = StreamingSettings(
-        checkpoint_dir=spark_options.checkpoint_dir,
+        checkpoint_dir=checkpoint_dir,
         trigger_interval=spark_options.trigger_interval,
         bundle_size=max(1, spark_options.bundle_size),
         bundle_bytes=max(1, spark_options.bundle_bytes),

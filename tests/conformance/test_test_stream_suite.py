@@ -1,42 +1,32 @@
 """Beam's own TestStream suite (`apache_beam/testing/test_stream_test.py`), run on SparkRunner
-with --streaming.
+with the suite's own options: neither --streaming nor --checkpoint_dir (sparkbeam infers the
+one from the TestStream and makes a fresh directory for the other, on local[*]).
 
 The suite builds its pipelines with `TestPipeline`; each test here swaps in a TestPipeline that
-runs on SparkRunner with a fresh checkpoint directory. Every test that does not pass is a strict
+runs on SparkRunner. Every test that does not pass is a strict
 xfail with its reason (listed in CONFORMANCE.md).
 """
 from __future__ import annotations
 
-import tempfile
 from unittest import mock
 
 import pytest
 
-from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.testing import test_stream_test as beam_suite
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from sparkbeam import SparkRunner
 from sparkbeam.options import SparkOptions
-from sparkbeam.urns import TEST_STREAM
 from tests.conformance.gaps import mark_known_gaps
 
 
 class SparkTestPipeline(TestPipeline):
-    """TestPipeline on SparkRunner, streaming into a checkpoint directory of its own."""
+    """TestPipeline on SparkRunner, as a user would run it: no --streaming (a TestStream makes
+    it a stream, as on Beam's DirectRunner) and no --checkpoint_dir (a fresh one on local)."""
 
     def __init__(self, runner=None, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(SparkRunner(), *args, **kwargs)  # whatever runner the test names
-        spark = self._options.view_as(SparkOptions)
-        spark.checkpoint_dir = tempfile.mkdtemp(prefix="sparkbeam-teststream-")
-        spark.parallelism = 2
-
-    def run(self, test_runner_api="AUTO"):  # type: ignore[no-untyped-def]
-        # As Beam's DirectRunner: a pipeline with a TestStream runs in streaming mode.
-        proto = self.to_runner_api()
-        if any(t.spec.urn == TEST_STREAM for t in proto.components.transforms.values()):
-            self._options.view_as(StandardOptions).streaming = True
-        return super().run(test_runner_api)
+        self._options.view_as(SparkOptions).parallelism = 2
 
 
 def on_spark(module: object, pipeline: type | None = None) -> type:

@@ -76,15 +76,18 @@ def test_a_stage_run_in_the_driver_reports_errors_and_metrics_like_a_spark_task(
 def test_every_unsupported_feature_is_listed_at_once() -> None:
     from apache_beam.testing.test_stream import TestStream
 
-    p = _pipeline()  # batch
+    p = _pipeline()  # batch, kept so by Dataflow's experiment (else a TestStream streams)
     _ = p | TestStream().add_elements([1]) | beam.Map(lambda x: x)
-    p._options.view_as(DebugOptions).experiments = ["beam_fn_api"]
+    p._options.view_as(DebugOptions).experiments = [
+        "beam_fn_api", "unsafely_attempt_to_process_unbounded_data_in_batch_mode"]
     proto = p.to_runner_api()
     proto.requirements.append("beam:requirement:made_up:v1")
     with pytest.raises(UnsupportedFeatureError) as info:
         SparkRunner().run_portable_pipeline(proto, p._options)
     text = str(info.value)
-    assert "TestStream in transform 'TestStream' (TestStream runs with --streaming)" in text
+    assert ("TestStream in batch in transform 'TestStream' (a TestStream runs as a stream; "
+            "drop the experiment unsafely_attempt_to_process_unbounded_data_in_batch_mode)"
+            in text)
     assert "pipeline requirement beam:requirement:made_up:v1" in text
     assert len(info.value.features) == 2
 

@@ -60,7 +60,7 @@ def test_same_panes_as_direct_runner(name: str, tmp_path) -> None:
     assert actual == expected
 
 
-def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> None:
+def test_streaming_on_a_cluster_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> None:
     class CountWithSide(beam.DoFn):
         COUNT = userstate.CombiningValueStateSpec("n", VarIntCoder(), sum)
 
@@ -93,9 +93,11 @@ def test_streaming_needs_a_checkpoint_dir_and_reports_every_gap_at_once() -> Non
                 | "WithSide" >> beam.ParDo(CountWithSide(), beam.pvalue.AsList(side)))
 
     with pytest.raises(UnsupportedFeatureError) as info:
-        run_streaming(build, SparkRunner(), [])
+        run_streaming(build, SparkRunner(), ["--spark_master=spark://cluster.invalid:7077"])
     text = str(info.value)
-    assert "streaming without --checkpoint_dir in the pipeline options" in text
+    assert ("streaming without --checkpoint_dir in the pipeline options (master "
+            "spark://cluster.invalid:7077) (on a cluster the checkpoint directory must be one "
+            "the driver and every executor share") in text
     assert re.search(
         r"side inputs of a stateful DoFn in streaming in stage-\d+ \[.*WithSide", text), text
     assert re.search(r"side inputs read by a splittable DoFn in streaming in stage-\d+ "

@@ -32,7 +32,7 @@ ALLOWED = {
     "artifacts": {"artifacts"},
     "jobservice": {"jobservice", "artifacts"},
 }
-TOP_LEVEL = {"errors", "logs", "metrics", "options", "urns"}
+TOP_LEVEL = {"errors", "logs", "metrics", "mode", "options", "urns"}
 
 
 def _sources() -> list[pathlib.Path]:

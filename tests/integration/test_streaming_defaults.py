@@ -1,0 +1,95 @@
+"""Streaming as a Beam user expects it: a TestStream needs neither --streaming nor (on a local
+master) --checkpoint_dir, and a checkpoint directory resumes only the pipeline that wrote it."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
+from apache_beam.transforms import window
+
+from sparkbeam import SparkRunner
+from sparkbeam.errors import UnsupportedFeatureError
+from tests.integration.streaming_pipelines import (
+    STREAMING_PIPELINES,
+    WriteLines,
+    events,
+    read_lines,
+)
+from tests.integration.test_streaming import expected_from_direct_runner
+
+
+def _run(build, args: list[str], out: str) -> beam.runners.runner.PipelineResult:
+    os.makedirs(out, exist_ok=True)
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(["--parallelism=2", *args]))
+    _ = build(p) | "Write" >> beam.ParDo(WriteLines(out))
+    result = p.run()
+    result.wait_until_finish()
+    return result
+
+
+def _counts(p):
+    return (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 10), ("add", [("a", 3, 12)]))
+            | beam.WindowInto(window.FixedWindows(10)) | beam.combiners.Count.PerKey())
+
+
+def _sums(p):  # the same source, another pipeline after it
+    return (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 10), ("add", [("a", 3, 12)]))
+            | beam.WindowInto(window.FixedWindows(10)) | beam.CombinePerKey(sum))
+
+
+def test_a_test_stream_runs_as_a_stream_without_flags_into_a_fresh_checkpoint(
+        tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="sparkbeam.runner")
+    expected = expected_from_direct_runner("fixed_default")
+    result = _run(STREAMING_PIPELINES["fixed_default"], [], str(tmp_path / "out"))
+    assert result.state == PipelineState.DONE
+    assert read_lines(str(tmp_path / "out")) == expected
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(re.search(r"runs as a stream: it reads the TestStream '.*' \(no --streaming "
+                         r"needed\)", m) for m in messages), messages
+    made = [m for m in messages if "checkpointing to" in m]
+    assert len(made) == 1 and "(no --checkpoint_dir given)" in made[0], messages
+    directory = re.search(r"checkpointing to (\S+) ", made[0]).group(1)
+    assert f"--checkpoint_dir={directory} to resume" in made[0]
+    assert os.path.exists(os.path.join(directory, "sparkbeam-pipeline.json"))
+    assert os.listdir(os.path.join(directory, "offsets"))
+
+
+def test_a_checkpoint_resumes_its_own_pipeline_and_refuses_another(tmp_path) -> None:
+    checkpoint = str(tmp_path / "ckpt")
+    first = _run(_counts, [f"--checkpoint_dir={checkpoint}"], str(tmp_path / "one"))
+    assert first.state == PipelineState.DONE
+    assert sorted(read_lines(str(tmp_path / "one"))) == ["('a', 1)", "('a', 1)", "('b', 1)"]
+    # The same pipeline resumes: its input is consumed and it ends without writing again.
+    again = _run(_counts, [f"--checkpoint_dir={checkpoint}"], str(tmp_path / "two"))
+    assert again.state == PipelineState.DONE
+    assert read_lines(str(tmp_path / "two")) == []
+    # Another pipeline is refused at Prepare (before any Spark work), naming what differs.
+    p = beam.Pipeline(runner=SparkRunner(),
+                      options=PipelineOptions([f"--checkpoint_dir={checkpoint}"]))
+    _ = _sums(p) | "Write" >> beam.ParDo(WriteLines(str(tmp_path / "three")))
+    with pytest.raises(UnsupportedFeatureError, match=(
+            rf"checkpoint directory {re.escape(checkpoint)} belongs to another pipeline \("
+            r"transform 'CombinePerKey\(sum\)/.*' is new.*"
+            r"transform 'PerKey/CombinePerKey\(CountCombineFn\)/.*' is gone")):
+        p.run()
+    assert not os.path.exists(tmp_path / "three")
+
+
+def test_a_checkpoint_of_an_unknown_pipeline_is_refused(tmp_path) -> None:
+    """Offsets without sparkbeam's record (another program, an older sparkbeam): resuming them
+    could skip input, so the job is refused rather than run on them."""
+    offsets = tmp_path / "ckpt" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text("v1\n{}\n-\n")
+    p = beam.Pipeline(runner=SparkRunner(),
+                      options=PipelineOptions([f"--checkpoint_dir={tmp_path / 'ckpt'}"]))
+    _ = _counts(p)
+    with pytest.raises(UnsupportedFeatureError,
+                       match=r"holds a streaming query's offsets but no record of its pipeline"):
+        p.run()
