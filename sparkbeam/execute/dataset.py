@@ -26,13 +26,7 @@ from sparkbeam.execute.session import is_connect
 
 _LOG = logging.getLogger(__name__)
 
-IN_SCHEMA = T.StructType(
-    [
-        T.StructField("input", T.IntegerType(), False),
-        T.StructField("key", T.BinaryType(), True),
-        T.StructField("value", T.BinaryType(), False),
-    ]
-)
+# A stage's input rows are (input: int, key: binary or null, value: binary).
 OUT_SCHEMA = T.StructType(
     [
         T.StructField("tag", T.IntegerType(), False),
@@ -53,10 +47,21 @@ class Datasets:
     # -- building buffers -------------------------------------------------------------------
 
     def impulse(self, value: bytes) -> DataFrame:
-        return self.spark.createDataFrame([(0, None, bytearray(value))], IN_SCHEMA)
+        return self._literal_rows(1, value)
 
     def empty(self) -> DataFrame:
-        return self.spark.createDataFrame([], IN_SCHEMA)
+        return self._literal_rows(0, b"")
+
+    def _literal_rows(self, count: int, value: bytes) -> DataFrame:
+        """`count` rows (input 0, no key, `value`) made by the JVM: a classic session's
+        createDataFrame of local rows goes through a Python RDD, which costs each task that
+        reads it a Python worker and the first job a second worker daemon (~1 s to start,
+        with Beam's imports)."""
+        return self.spark.range(0, count, 1, 1).select(
+            F.lit(0).cast("int").alias("input"),
+            F.lit(None).cast("binary").alias("key"),
+            F.lit(bytearray(value)).cast("binary").alias("value"),
+        )
 
     def as_input(self, df: DataFrame, index: int) -> DataFrame:
         """A buffer's rows tagged as input number `index` of the reading stage."""

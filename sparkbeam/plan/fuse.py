@@ -315,7 +315,11 @@ def _topological(stages: list[Stage]) -> list[Stage]:
     placed: set[str] = set()
     pending = list(stages)
     while pending:
-        ready = [s for s in pending if deps[s.name] <= placed]
+        # Stages ready together in the order of their transforms' names, not Beam's (which
+        # follows transform ids numbered per process): the same pipeline gets the same labels
+        # and, in streaming, the same operator order in every run of its checkpoint.
+        ready = sorted((s for s in pending if deps[s.name] <= placed),
+                       key=lambda s: (s.transforms, s.name))
         if not ready:
             names = ", ".join(s.name for s in pending)
             raise PlanningError(f"stages depend on each other in a cycle: {names}")
