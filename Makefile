@@ -6,9 +6,12 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Apache Kafka's jars for the tests' broker (tests/support/kafka.py), fetched once by Maven.
+KAFKA_JARS  := build/kafka/jars
+KAFKA_STAMP := build/kafka/.fetched
 OUT    ?= out/wordcount
 
-.PHONY: run test test-slow test-fast test-unit test-integration test-conformance test-conformance-streaming lint typecheck bench bench-quick clean
+.PHONY: run kafka test test-slow test-fast test-unit test-integration test-conformance test-conformance-streaming lint typecheck bench bench-quick clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
@@ -21,16 +24,24 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+$(KAFKA_STAMP): tests/support/kafka-broker.pom.xml
+	@command -v mvn >/dev/null 2>&1 || { echo "need mvn (Maven) on PATH for the tests' Kafka broker"; exit 1; }
+	mvn -q -B -f tests/support/kafka-broker.pom.xml dependency:copy-dependencies \
+		-DoutputDirectory=$(CURDIR)/$(KAFKA_JARS) -DincludeScope=runtime
+	@touch $(KAFKA_STAMP)
+
+kafka: $(KAFKA_STAMP)
+
 run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) $(KAFKA_STAMP) lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full and not slow" --durations=25 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/component
 
-test-integration: $(STAMP)
+test-integration: $(STAMP) $(KAFKA_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration
 
 test-conformance: $(STAMP)
@@ -38,7 +49,7 @@ test-conformance: $(STAMP)
 
 # The kill -9 restart test, the portable suite's wall-clock timer tests and the job server's
 # full load tests (20 concurrent first jobs x3, 100 sequential jobs' memory) (~16 min).
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(KAFKA_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests
 
 # Beam's trigger transcripts, userstate and TestStream side-input tests on --streaming (~25 min on 2 cores).

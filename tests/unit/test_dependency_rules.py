@@ -31,6 +31,7 @@ ALLOWED = {
     "streaming": {"streaming", "engine", "plan"},
     "artifacts": {"artifacts"},
     "jobservice": {"jobservice", "artifacts"},
+    "io": {"io"},  # plain Beam transforms: they run on any runner
 }
 TOP_LEVEL = {"errors", "logs", "metrics", "mode", "options", "urns"}
 
@@ -118,6 +119,7 @@ IMPORT_RULES = [
       "sparkbeam.engine.bundles", "sparkbeam.engine.watermarks", "sparkbeam.engine.arrow"],
      ["pyspark", "sparkbeam.control.grpc_server", "sparkbeam.execute", "sparkbeam.streaming"]),
     (["sparkbeam.runner"], ["pyspark"]),
+    (["sparkbeam.io"], ["pyspark", "confluent_kafka", "sparkbeam.execute", "sparkbeam.engine"]),
     (["sparkbeam.jobservice"], ["sparkbeam.execute", "sparkbeam.engine", "pyspark"]),
     (["sparkbeam.streaming.budget", "sparkbeam.streaming.endpoints", "sparkbeam.streaming.script",
       "sparkbeam.streaming.checkpoint", "sparkbeam.streaming.gbk", "sparkbeam.streaming.plan",

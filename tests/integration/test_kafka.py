@@ -1,0 +1,151 @@
+"""Kafka in and out (`sparkbeam.io.kafka`) against a real broker started from Kafka's jars:
+batch reads equal FnApiRunner's, the record budget is shared evenly over partitions, a
+streaming Kafka -> windowed count -> Kafka job runs by itself (inferred streaming) and drains,
+and an unreachable broker is a clear error naming bootstrap.servers."""
+from __future__ import annotations
+
+import collections
+import re
+import time
+import uuid
+
+import apache_beam as beam
+import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.runner import PipelineState
+from apache_beam.transforms import window
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sparkbeam import SparkRunner
+from sparkbeam.io import ReadFromKafka, WriteToKafka
+from tests.integration.conftest import run_and_collect
+from tests.support.kafka import KafkaBroker
+
+
+
+@pytest.fixture(scope="module")
+def kafka():  # type: ignore[no-untyped-def]
+    broker = KafkaBroker().start()
+    yield broker
+    broker.stop()
+
+
+def _topic(kafka, partitions: int) -> str:  # type: ignore[no-untyped-def]
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # alive until created
+    # Old event times: kept whatever their age.
+    topic = NewTopic(name, partitions, 1, config={"retention.ms": "-1"})
+    for future in admin.create_topics([topic]).values():
+        future.result(30)
+    return name
+
+
+def _produce(kafka, topic: str, records) -> None:  # type: ignore[no-untyped-def]
+    """records: (partition, key, value, timestamp ms)."""
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for partition, key, value, millis in records:
+        producer.produce(topic, key=key, value=value, partition=partition, timestamp=millis)
+    assert producer.flush(30) == 0
+
+
+def _read_all(kafka, topic: str, partitions: int, expected: int, timeout_s: float = 60):  # type: ignore[no-untyped-def]
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex,
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < expected and time.monotonic() < deadline:
+        got += [(m.key(), m.value()) for m in consumer.consume(500, 0.5) if m.error() is None]
+    consumer.close()
+    return got
+
+
+def _config(kafka) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {"bootstrap.servers": kafka.bootstrap, "auto.offset.reset": "earliest"}
+
+
+def test_a_bounded_read_equals_fnapi_runner_and_the_records(kafka) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(kafka, 4)
+    # Event times 1 ms + i s (a producer's timestamp 0 means "now").
+    records = [(i % 4, f"k{i % 10}".encode(), f"v{i}".encode(), 1 + 1_000 * i)
+               for i in range(1000)]
+    _produce(kafka, topic, records)
+
+    def build(p):  # type: ignore[no-untyped-def]
+        return (p | ReadFromKafka(_config(kafka), [topic], max_num_records=1000,
+                                  timestamp_policy="CreateTime")
+                | beam.WindowInto(window.FixedWindows(100))
+                | beam.Map(lambda kv: kv[0].decode()) | beam.combiners.Count.PerElement()
+                | beam.Map(lambda kc, w=beam.DoFn.WindowParam: (kc, w.start.micros // 10**6)))
+
+    on_spark = run_and_collect(build, SparkRunner(), ["--parallelism=2"])
+    expected = collections.Counter((f"k{i % 10}", i // 100 * 100) for i in range(1000))
+    assert on_spark == sorted(repr(((k, n), start)) for (k, start), n in expected.items())
+    assert on_spark == run_and_collect(build, FnApiRunner())
+
+
+def test_the_record_budget_is_shared_evenly_over_the_partitions_that_hold_records(kafka) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(kafka, 4)
+    _produce(kafka, topic, [(0, None, b"x", 1) for _ in range(10)]
+             + [(p, None, b"y", 1) for p in (1, 2, 3) for _ in range(300)])
+
+    def build(p):  # type: ignore[no-untyped-def]
+        return (p | ReadFromKafka(_config(kafka), [topic], max_num_records=400,
+                                  with_metadata=True)
+                | beam.Map(lambda row: row.partition) | beam.combiners.Count.PerElement())
+
+    # Partition 0 holds 10 of its 100: its 90 go evenly to the others.
+    assert run_and_collect(build, SparkRunner()) == [repr((0, 10))] + [
+        repr((p, 130)) for p in (1, 2, 3)]
+
+
+def test_kafka_to_windowed_count_to_kafka_streams_by_itself_and_drains(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    source, sink = _topic(kafka, 4), _topic(kafka, 1)
+    # Two 10 s windows of event time; all older than the wall clock, so once every partition
+    # is caught up (idle) the watermark passes both windows' ends and they fire.
+    _produce(kafka, source, [(i % 4, f"k{i % 3}".encode(), b"v", 1 + 1_000 * (i % 20))
+                             for i in range(600)])
+    p = beam.Pipeline(runner=SparkRunner(), options=beam.options.pipeline_options.PipelineOptions(
+        [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--parallelism=2"]))
+    _ = (p | ReadFromKafka(_config(kafka), [source], timestamp_policy="CreateTime",
+                           consumer_polling_timeout=0.5)
+         | beam.WindowInto(window.FixedWindows(10)) | beam.Map(lambda kv: kv[0])
+         | beam.combiners.Count.PerElement()
+         | beam.Map(lambda kc, w=beam.DoFn.WindowParam: (
+             kc[0], f"{int(w.start)}:{kc[1]}".encode()))
+         | WriteToKafka({"bootstrap.servers": kafka.bootstrap}, sink))
+    result = p.run()
+    try:
+        got = _read_all(kafka, sink, 1, expected=6, timeout_s=180)
+    finally:
+        result.drain()
+    assert result.wait_until_finish(120_000) == PipelineState.DRAINED
+    expected = collections.Counter((f"k{i % 3}".encode(), (i % 20) // 10 * 10)
+                                   for i in range(600))
+    assert sorted(got) == sorted((k, f"{start}:{n}".encode())
+                                 for (k, start), n in expected.items())
+
+
+def test_an_unreachable_broker_is_an_error_naming_bootstrap_servers() -> None:
+    broker = KafkaBroker()  # never started: nothing listens on its port
+    started = time.monotonic()
+    with pytest.raises(Exception, match=re.escape(
+            f"ReadFromKafka could not reach bootstrap.servers={broker.bootstrap} within 10 s")):
+        run_and_collect(lambda p: p | ReadFromKafka({"bootstrap.servers": broker.bootstrap},
+                                                    ["nowhere"], max_num_records=1),
+                        SparkRunner())
+    assert time.monotonic() - started < 60
+
+
+def test_read_offsets_are_committed_to_the_group_once_bundles_are_durable(kafka) -> None:  # type: ignore[no-untyped-def]
+    topic, group = _topic(kafka, 2), f"g-{uuid.uuid4().hex[:8]}"
+    _produce(kafka, topic, [(i % 2, None, b"v", 1 + i) for i in range(50)])
+    config = {**_config(kafka), "group.id": group}
+    assert run_and_collect(
+        lambda p: p | ReadFromKafka(config, [topic], max_num_records=50,
+                                    commit_offset_in_finalize=True)
+        | beam.combiners.Count.Globally(), SparkRunner()) == ["50"]
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    committed = consumer.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=30)
+    consumer.close()
+    assert [c.offset for c in committed] == [25, 25]
