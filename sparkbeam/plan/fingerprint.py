@@ -77,21 +77,21 @@ def _coder(comps: beam_runner_api_pb2.Components, coder_id: str) -> Any:
     coder = comps.coders.get(coder_id)
     if coder is None:
         return coder_id
-    spec = coder.spec
-    out: list[Any] = [spec.urn]
-    if spec.payload and spec.urn not in _PICKLED:
-        out.append(_digest(spec.payload))
-    out += [_coder(comps, c) for c in coder.component_coder_ids]
-    return out
+    return _spec(coder.spec) + [_coder(comps, c) for c in coder.component_coder_ids]
+
+
+def _spec(spec: beam_runner_api_pb2.FunctionSpec) -> list[Any]:
+    """A FunctionSpec's URN, and a digest of its payload unless that is a pickle."""
+    return [spec.urn] + ([_digest(spec.payload)]
+                         if spec.payload and spec.urn not in _PICKLED else [])
 
 
 def _windowing(comps: beam_runner_api_pb2.Components, strategy_id: str) -> Any:
     ws = comps.windowing_strategies.get(strategy_id)
     if ws is None:
         return strategy_id
-    fn = ws.window_fn
     return {
-        "window_fn": [fn.urn] + ([_digest(fn.payload)] if fn.urn not in _PICKLED else []),
+        "window_fn": _spec(ws.window_fn),
         "window_coder": _coder(comps, ws.window_coder_id),
         "trigger": _digest(ws.trigger.SerializeToString(deterministic=True)),
         "accumulation": int(ws.accumulation_mode),

@@ -73,15 +73,18 @@ class KafkaBroker:
         return path
 
     def start(self, timeout_s: float = 60.0) -> KafkaBroker:
-        classpath = _classpath()
         properties = self._properties()
-        java = ["java", "-Xmx512m", "-cp", classpath]
-        subprocess.run(java + ["kafka.tools.StorageTool", "format", "-t",
-                               uuid.uuid4().hex[:22], "-c", properties],
+        subprocess.run(["java", "-Xmx512m", "-cp", _classpath(), "kafka.tools.StorageTool",
+                        "format", "-t", uuid.uuid4().hex[:22], "-c", properties],
                        check=True, capture_output=True, timeout=timeout_s)
-        log = open(os.path.join(self.directory, "broker.log"), "wb")  # noqa: SIM115 - kept
-        self.process = subprocess.Popen(java + ["kafka.Kafka", properties], stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        return self._launch(timeout_s)
+
+    def _launch(self, timeout_s: float) -> KafkaBroker:
+        properties = os.path.join(self.directory, "server.properties")
+        log = open(os.path.join(self.directory, "broker.log"), "ab")  # noqa: SIM115 - kept
+        self.process = subprocess.Popen(
+            ["java", "-Xmx512m", "-cp", _classpath(), "kafka.Kafka", properties], stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -91,7 +94,7 @@ class KafkaBroker:
                     return self
             except OSError:
                 time.sleep(0.2)
-        self.stop()
+        self.kill()
         raise RuntimeError(f"the Kafka broker did not listen within {timeout_s} s")
 
     def log_tail(self, lines: int = 20) -> str:
@@ -108,19 +111,8 @@ class KafkaBroker:
             self.process.wait(30)
 
     def start_again(self, timeout_s: float = 60.0) -> KafkaBroker:
-        properties = os.path.join(self.directory, "server.properties")
-        log = open(os.path.join(self.directory, "broker.log"), "ab")  # noqa: SIM115 - kept
-        self.process = subprocess.Popen(["java", "-Xmx512m", "-cp", _classpath(), "kafka.Kafka",
-                                         properties], stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"the Kafka broker did not listen again within {timeout_s} s")
+        """Starts a killed broker again on its data and ports."""
+        return self._launch(timeout_s)
 
     def stop(self) -> None:
         self.kill()
