@@ -99,12 +99,7 @@ class _ListPartitions(beam.DoFn):
         deadline = time.time() + self.max_read_time if self.max_read_time else None
         found: list[tuple[str, int, int, int]] = []  # topic, partition, start, high
         for topic in self.topics:
-            try:
-                meta = consumer.list_topics(topic, timeout=self.timeout_s)
-            except kafka.KafkaException as exc:
-                raise KafkaError(f"ReadFromKafka could not reach {_where(self.config)} within "
-                                 f"{self.timeout_s:g} s: {exc}") from None
-            info = meta.topics.get(topic)
+            info = self._topic(consumer, topic)
             if info is None or info.error is not None or not info.partitions:
                 why = info.error if info is not None and info.error else "no partitions"
                 raise KafkaError(f"ReadFromKafka: {_where(self.config, topic)}: {why}")
@@ -116,6 +111,21 @@ class _ListPartitions(beam.DoFn):
                  if self.max_num_records is not None else [_END] * len(found))
         for (topic, partition, start, _), stop in zip(found, stops, strict=True):
             yield _Partition(topic, partition, start, stop, deadline)
+
+    def _topic(self, consumer: Any, topic: str) -> Any:
+        """The topic's metadata; a broker unreachable for a while (restarting) is asked again
+        until the timeout, then the error names the servers."""
+        kafka = _client()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                left = max(0.5, deadline - time.monotonic())
+                return consumer.list_topics(topic, timeout=left).topics.get(topic)
+            except kafka.KafkaException as exc:
+                if time.monotonic() >= deadline:
+                    raise KafkaError(f"ReadFromKafka could not reach {_where(self.config)} "
+                                     f"within {self.timeout_s:g} s: {exc}") from None
+                time.sleep(0.5)
 
     def _start(self, consumer: Any, tp: Any, low: int, high: int) -> int:
         kafka = _client()
@@ -233,7 +243,10 @@ class _ReadPartition(beam.DoFn):
                                         timeout=self.poll_timeout_s)
             records = [m for m in messages if m.error() is None]
             for message in messages:
-                if message.error() is not None and not message.error().retriable():
+                # librdkafka reconnects by itself (a broker restarting); only a fatal error,
+                # or one naming the topic or partition itself, ends the read.
+                error = message.error()
+                if error is not None and (error.fatal() or error.code() in _fatal_codes()):
                     raise KafkaError(f"ReadFromKafka: {_where(self.config, element.topic)} "
                                      f"partition {element.partition}: {message.error()}")
             for message in records:
@@ -282,6 +295,12 @@ class _ReadPartition(beam.DoFn):
             self._reader().commit(offsets=[_client().TopicPartition(
                 element.topic, element.partition, offset)], asynchronous=False)
         return commit
+
+
+def _fatal_codes() -> frozenset[int]:
+    error = _client().KafkaError
+    return frozenset([error.TOPIC_AUTHORIZATION_FAILED, error.UNKNOWN_TOPIC_OR_PART,
+                      error._UNKNOWN_TOPIC, error._UNKNOWN_PARTITION])
 
 
 def _advance(watermark: Any, to: Timestamp) -> None:

@@ -149,3 +149,29 @@ def test_read_offsets_are_committed_to_the_group_once_bundles_are_durable(kafka)
     committed = consumer.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=30)
     consumer.close()
     assert [c.offset for c in committed] == [25, 25]
+
+
+def test_a_read_waits_through_a_broker_restart_without_loss(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The read asks for 200 records while the topic holds 100; the broker is killed (-9)
+    and started again on its data, then the other 100 arrive: all 200 are read, once."""
+    broker = KafkaBroker().start()
+    try:
+        topic = _topic(broker, 2)
+        _produce(broker, topic, [(i % 2, None, f"{i}".encode(), 1 + i) for i in range(100)])
+        out = tmp_path / "out"
+        p = beam.Pipeline(runner=SparkRunner())
+        _ = (p | ReadFromKafka(_config(broker), [topic], max_num_records=200,
+                               consumer_polling_timeout=0.5)
+             | beam.Map(lambda kv: int(kv[1])) | beam.combiners.ToList()
+             | beam.Map(sorted) | beam.io.WriteToText(str(out)))
+        result = p.run()
+        time.sleep(5)  # reading, then waiting for the rest
+        broker.kill()
+        time.sleep(2)
+        broker.start_again()
+        _produce(broker, topic, [(i % 2, None, f"{i}".encode(), 1 + i) for i in range(100, 200)])
+        assert result.wait_until_finish(180_000) == PipelineState.DONE
+        (shard,) = tmp_path.glob("out-*")
+        assert shard.read_text().strip() == repr(list(range(200)))
+    finally:
+        broker.stop()
