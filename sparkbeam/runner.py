@@ -175,7 +175,6 @@ class SparkJob:
         from sparkbeam.execute.dataset import Datasets
         from sparkbeam.execute.session import get_session
         from sparkbeam.execute.executor import ExecutionSettings, Executor
-        from sparkbeam.execute.warm import warm_python_workers
 
         try:
             spark_options = self.options.view_as(SparkOptions)
@@ -187,8 +186,6 @@ class SparkJob:
             for path in self._py_files:
                 datasets.add_py_file(path)
                 self._log(f"{self.job_id}: shipped {os.path.basename(path)} to the executors")
-            if not datasets.connect:
-                warm_python_workers(spark, datasets.parallelism)  # while stages are declared
             self._collector = shared_collector(datasets.driver_host())
             if self.options.view_as(pipeline_options.StandardOptions).streaming:
                 self._run_streaming(spark)

@@ -289,18 +289,3 @@ def test_an_impulse_is_made_by_the_jvm_without_a_python_worker(spark) -> None:  
     assert [tuple(r) for r in impulse.collect()] == [(0, None, bytearray(b"\x00\xffimpulse"))]
     assert empty.collect() == []
     assert [f.name for f in impulse.schema.fields] == ["input", "key", "value"]
-
-
-def test_python_workers_are_warmed_once_per_spark_context_outside_any_job_group(spark) -> None:  # type: ignore[no-untyped-def]
-    from sparkbeam.execute import warm
-
-    app = spark.sparkContext.applicationId
-    tracker = spark.sparkContext.statusTracker()
-    before = len(tracker.getJobIdsForGroup(warm.GROUP))
-    warm._WARMED.discard(app)  # this test session's first job warmed it already
-    thread = warm.warm_python_workers(spark, 2)
-    assert thread is not None
-    thread.join(60)
-    assert warm.warm_python_workers(spark, 2) is None  # once per SparkContext
-    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(5000)
-    assert len(tracker.getJobIdsForGroup(warm.GROUP)) == before + 1
