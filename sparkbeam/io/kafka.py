@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.iobase import RestrictionProgress, RestrictionTracker
 from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider
@@ -94,7 +95,10 @@ class _ListPartitions(beam.DoFn):
         finally:
             consumer.close()
 
-    def _list(self, consumer: Any) -> Iterator[_Partition]:
+    def _list(self, consumer: Any, skip: frozenset[tuple[str, int]] = frozenset(),
+              first: bool = True) -> Iterator[_Partition]:
+        """The partitions not in `skip`; a partition found after the first listing starts at
+        its earliest offset (it was created while the job ran: none of it is read yet)."""
         kafka = _client()
         deadline = time.time() + self.max_read_time if self.max_read_time else None
         found: list[tuple[str, int, int, int]] = []  # topic, partition, start, high
@@ -104,9 +108,12 @@ class _ListPartitions(beam.DoFn):
                 why = info.error if info is not None and info.error else "no partitions"
                 raise KafkaError(f"ReadFromKafka: {_where(self.config, topic)}: {why}")
             for partition in sorted(info.partitions):
+                if (topic, partition) in skip:
+                    continue
                 tp = kafka.TopicPartition(topic, partition)
                 low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout_s)
-                found.append((topic, partition, self._start(consumer, tp, low, high), high))
+                start = self._start(consumer, tp, low, high) if first else low
+                found.append((topic, partition, start, high))
         stops = (_shares(self.max_num_records, [(s, h) for _, _, s, h in found])
                  if self.max_num_records is not None else [_END] * len(found))
         for (topic, partition, start, _), stop in zip(found, stops, strict=True):
@@ -160,6 +167,93 @@ class _ListPartitions(beam.DoFn):
                                      f"'{self.config['group.id']}' for "
                                      f"{_where(self.config, tp.topic)}: {exc}") from None
                 time.sleep(0.2)
+
+
+class _Seen(NamedTuple):
+    """The restriction of the partition watch: the partitions handed out so far."""
+
+    seen: frozenset[tuple[str, int]]
+    rounds: int
+    done: bool = False
+
+
+class _SeenTracker(RestrictionTracker):  # type: ignore[misc]
+    """One listing round per claim; a checkpoint hands the next round what was seen."""
+
+    def __init__(self, restriction: _Seen) -> None:
+        self._restriction = restriction
+        self._claimed: _Seen | None = None
+        self._checkpointed = False
+
+    def current_restriction(self) -> _Seen:
+        return self._restriction
+
+    def try_claim(self, seen: frozenset[tuple[str, int]]) -> bool:
+        if self._restriction.done or self._checkpointed or self._claimed is not None:
+            return False
+        self._claimed = _Seen(seen, self._restriction.rounds + 1)
+        return True
+
+    def try_split(self, fraction_of_remainder: float) -> tuple[_Seen, _Seen] | None:
+        if fraction_of_remainder != 0 or self._checkpointed or self._restriction.done:
+            return None  # rounds are not divisible; only a checkpoint splits
+        self._checkpointed = True
+        after = self._claimed or self._restriction
+        primary = _Seen(after.seen, after.rounds, done=True)
+        self._restriction = primary
+        return primary, _Seen(after.seen, after.rounds)
+
+    def check_done(self) -> None:
+        if not (self._checkpointed or self._restriction.done):
+            raise ValueError("the partition watch ended a round without a checkpoint")
+
+    def current_progress(self) -> RestrictionProgress:
+        return RestrictionProgress(completed=0, remaining=1)
+
+    def is_bounded(self) -> bool:
+        return False
+
+
+class _Rounds(RestrictionProvider):  # type: ignore[misc]
+    def initial_restriction(self, element: Any) -> _Seen:
+        return _Seen(frozenset(), 0)
+
+    def create_tracker(self, restriction: _Seen) -> _SeenTracker:
+        return _SeenTracker(restriction)
+
+    def restriction_size(self, element: Any, restriction: _Seen) -> int:
+        return 1
+
+    def truncate(self, element: Any, restriction: _Seen) -> None:
+        return None  # drained: no more partitions
+
+
+class _WatchPartitions(_ListPartitions):
+    """Lists the topics' partitions every `interval_s` (Beam's
+    `dynamic_read_poll_interval_seconds`) and hands out those not seen before: partitions
+    added to a topic while the job runs are read from their first offset."""
+
+    def __init__(self, *args: Any, interval_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.interval_s = interval_s
+
+    @beam.DoFn.unbounded_per_element()
+    def process(self, _: Any, tracker=beam.DoFn.RestrictionParam(_Rounds()),  # type: ignore[no-untyped-def, override]
+                watermark=beam.DoFn.WatermarkEstimatorParam(
+                    ManualWatermarkEstimator.default_provider())):
+        restriction = tracker.current_restriction()
+        if restriction.done:
+            return
+        consumer = _new_consumer(self.config)
+        try:
+            new = list(self._list(consumer, restriction.seen, first=restriction.rounds == 0))
+        finally:
+            consumer.close()
+        if not tracker.try_claim(restriction.seen | {(p.topic, p.partition) for p in new}):
+            return
+        yield from new
+        _advance(watermark, Timestamp.now())  # a partition found later starts from now on
+        tracker.defer_remainder(Duration(seconds=self.interval_s))
 
 
 def _shares(total: int, ranges: list[tuple[int, int]]) -> list[int]:
@@ -328,7 +422,8 @@ class ReadFromKafka(beam.PTransform):  # type: ignore[misc]
                  start_read_time: int | None = None, max_num_records: int | None = None,
                  max_read_time: float | None = None, commit_offset_in_finalize: bool = False,
                  timestamp_policy: str = PROCESSING_TIME, consumer_polling_timeout: float = 2,
-                 with_metadata: bool = False) -> None:
+                 with_metadata: bool = False,
+                 dynamic_read_poll_interval_seconds: float | None = None) -> None:
         super().__init__()
         if timestamp_policy not in _POLICIES:
             raise ValueError(f"timestamp_policy should be one of {list(_POLICIES)}, "
@@ -344,14 +439,20 @@ class ReadFromKafka(beam.PTransform):  # type: ignore[misc]
         self.max_read_time, self.commit = max_read_time, commit_offset_in_finalize
         self.policy, self.poll_timeout_s = timestamp_policy, float(consumer_polling_timeout)
         self.with_metadata = with_metadata
+        self.watch_s = dynamic_read_poll_interval_seconds
+        if self.watch_s is not None and (max_num_records is not None
+                                         or max_read_time is not None):
+            raise ValueError("ReadFromKafka: dynamic_read_poll_interval_seconds applies to an "
+                             "unbounded read (no max_num_records or max_read_time)")
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         bounded = self.max_num_records is not None or self.max_read_time is not None
         reader = (_ReadPartition if bounded else _ReadPartitionUnbounded)(
             self.config, self.policy, self.with_metadata, self.poll_timeout_s, self.commit)
-        listing = _ListPartitions(self.config, self.topics, self.start_read_time,
-                                  self.max_num_records, self.max_read_time,
-                                  max(10.0, self.poll_timeout_s))
+        args = (self.config, self.topics, self.start_read_time, self.max_num_records,
+                self.max_read_time, max(10.0, self.poll_timeout_s))
+        listing = (_ListPartitions(*args) if self.watch_s is None
+                   else _WatchPartitions(*args, interval_s=self.watch_s))
         return (pbegin | "Impulse" >> beam.Impulse()
                 | "ListPartitions" >> beam.ParDo(listing)
                 | "ReadPartitions" >> beam.ParDo(reader))
@@ -364,7 +465,12 @@ class _Produce(beam.DoFn):
         self._failed: list[str] = []
 
     def setup(self) -> None:
-        self._producer = _client().Producer(self.config)
+        self._producer = _client().Producer({"logger": _LOG, **self.config})
+
+    def teardown(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self.flush_timeout_s)
+            self._producer = None
 
     def _delivered(self, error: Any, message: Any) -> None:
         if error is not None:

@@ -15,7 +15,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import window
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from sparkbeam import SparkRunner
 from sparkbeam.io import ReadFromKafka, WriteToKafka
@@ -175,3 +175,30 @@ def test_a_read_waits_through_a_broker_restart_without_loss(tmp_path) -> None:  
         assert shard.read_text().strip() == repr(list(range(200)))
     finally:
         broker.stop()
+
+
+def test_partitions_added_while_running_are_read_from_their_first_record(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A 4-partition topic grows to 6 while the job runs (Beam's
+    dynamic_read_poll_interval_seconds): the new partitions are found and read, nothing lost
+    or read twice."""
+    source, sink = _topic(kafka, 4), _topic(kafka, 1)
+    _produce(kafka, source, [(i % 4, None, f"a{i}".encode(), 1 + i) for i in range(40)])
+    p = beam.Pipeline(runner=SparkRunner(), options=beam.options.pipeline_options.PipelineOptions(
+        [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--parallelism=2"]))
+    _ = (p | ReadFromKafka(_config(kafka), [source], consumer_polling_timeout=0.5,
+                           dynamic_read_poll_interval_seconds=1)
+         | beam.Map(lambda kv: (b"", kv[1]))
+         | WriteToKafka({"bootstrap.servers": kafka.bootstrap}, sink))
+    result = p.run()
+    try:
+        assert len(_read_all(kafka, sink, 1, expected=40, timeout_s=120)) == 40
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        for future in admin.create_partitions([NewPartitions(source, 6)]).values():
+            future.result(30)
+        _produce(kafka, source, [(4 + i % 2, None, f"b{i}".encode(), 1 + i) for i in range(20)])
+        got = _read_all(kafka, sink, 1, expected=60, timeout_s=120)
+    finally:
+        result.drain()
+    assert result.wait_until_finish(120_000) == PipelineState.DRAINED
+    assert sorted(v for _, v in got) == sorted(
+        [f"a{i}".encode() for i in range(40)] + [f"b{i}".encode() for i in range(20)])
