@@ -4,6 +4,6 @@ Plain Beam transforms (splittable DoFns and DoFns), so they run on any Beam runn
 expansion service and no Docker, unlike Beam's cross-language `apache_beam.io.kafka`."""
 from __future__ import annotations
 
-from sparkbeam.io.kafka import ReadFromKafka, WriteToKafka
+from sparkbeam.io.kafka import KafkaError, ReadFromKafka, WriteToKafka
 
-__all__ = ["ReadFromKafka", "WriteToKafka"]
+__all__ = ["KafkaError", "ReadFromKafka", "WriteToKafka"]
