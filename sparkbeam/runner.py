@@ -77,9 +77,9 @@ def prepare(
         proto, streaming=bool(standard.streaming),
         experiments=options.view_as(pipeline_options.DebugOptions).experiments or [])
     if reason:
-        # As Beam's Dataflow runner does: the rest of the job reads the flag.
+        # As Beam's Dataflow runner does: the rest of the job reads the flag. The job says
+        # so when it starts (`SparkJob._run_streaming`), in its log and message stream.
         standard.streaming = True
-        _LOG.info("running as a stream: %s (as with --streaming)", reason)
     streaming = bool(standard.streaming)
     spark_options = options.view_as(SparkOptions)
     problems = find_unsupported(proto, streaming=streaming)
@@ -271,7 +271,7 @@ class SparkJob:
             self._log(f"{self.job_id} runs as a stream: {self.plan.streaming_reason} (no "
                       "--streaming needed)")
         checkpoint_dir = self._checkpoint_dir(self._datasets)
-        record_pipeline(checkpoint_dir, json.loads(self.plan.fingerprint))
+        record_pipeline(checkpoint_dir, self.plan.fingerprint)
         self._set_state(PipelineState.RUNNING)
         started = time.time()
         run_streaming(spark, self.plan, self.options, self.job_id, self._collector,

@@ -35,13 +35,12 @@ def run_streaming(
     on_progress: Callable[[list[dict[str, Any]]], None] = lambda progress: None,
     drain: threading.Event | None = None,
     on_run: Callable[[StreamingQueryRun], None] = lambda run: None,
-    checkpoint_dir: str | None = None,
+    *,
+    checkpoint_dir: str,
 ) -> StreamingQueryRun:
-    """Runs the plan as one streaming query on `checkpoint_dir` (default: the options')."""
+    """Runs the plan as one streaming query on `checkpoint_dir` (the job resolves it: the
+    option, or a fresh directory on a local master)."""
     spark_options = options.view_as(SparkOptions)
-    checkpoint_dir = checkpoint_dir or spark_options.checkpoint_dir
-    if not checkpoint_dir:
-        raise ValueError("a streaming query needs a checkpoint directory")
     settings = StreamingSettings(
         checkpoint_dir=checkpoint_dir,
         trigger_interval=spark_options.trigger_interval,

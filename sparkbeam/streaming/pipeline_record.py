@@ -7,7 +7,7 @@ import os
 import uuid
 from typing import Any
 
-from sparkbeam.plan.fingerprint import dumps, fingerprint_differences
+from sparkbeam.plan.fingerprint import fingerprint_differences
 from sparkbeam.streaming.checkpoint import CheckpointLayout
 
 
@@ -38,15 +38,16 @@ def checkpoint_problem(checkpoint_dir: str, fingerprint: dict[str, Any]) -> str 
             "directory for this pipeline, or run the pipeline that wrote it")
 
 
-def record_pipeline(checkpoint_dir: str, fingerprint: dict[str, Any]) -> None:
-    """Writes the record if the directory has none (a restarted job keeps the first)."""
+def record_pipeline(checkpoint_dir: str, fingerprint_json: str) -> None:
+    """Writes the record (the plan's fingerprint, as JSON) if the directory has none (a
+    restarted job keeps the first)."""
     layout = CheckpointLayout(checkpoint_dir)
     if os.path.exists(layout.pipeline_record):
         return
     os.makedirs(checkpoint_dir, exist_ok=True)
     temporary = f"{layout.pipeline_record}.{uuid.uuid4().hex}.tmp"
     with open(temporary, "w", encoding="utf-8") as f:
-        f.write(dumps(fingerprint))
+        f.write(fingerprint_json)
     os.replace(temporary, layout.pipeline_record)
 
 

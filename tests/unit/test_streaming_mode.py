@@ -17,7 +17,7 @@ from google.protobuf import struct_pb2
 
 from sparkbeam.jobservice.job import _is_streaming
 from sparkbeam.mode import BATCH_EXPERIMENT, inferred_streaming
-from sparkbeam.plan.fingerprint import fingerprint_differences, pipeline_fingerprint
+from sparkbeam.plan.fingerprint import dumps, fingerprint_differences, pipeline_fingerprint
 from sparkbeam.runner import prepare
 from sparkbeam.streaming.pipeline_record import checkpoint_problem, record_pipeline
 
@@ -121,8 +121,8 @@ def test_a_checkpoint_directory_keeps_its_first_pipeline(tmp_path) -> None:
     first, second = _fingerprint(_windowed(10)), _fingerprint(_windowed(20))
     directory = str(tmp_path / "ckpt")
     assert checkpoint_problem(directory, first) is None  # new
-    record_pipeline(directory, first)
-    record_pipeline(directory, second)  # a restart never rewrites the record
+    record_pipeline(directory, dumps(first))
+    record_pipeline(directory, dumps(second))  # a restart never rewrites the record
     assert checkpoint_problem(directory, first) is None
     problem = checkpoint_problem(directory, second)
     assert problem is not None and re.match(
