@@ -25,6 +25,11 @@ RUNNER_NOTES = {
         "`local[2]` session first (timed as start-up) and the runner picks it up via "
         "`getOrCreate()`."
     ),
+    "sparkbeam-beam-only": (
+        "sparkbeam with `--spark_native=off`: Beam's transforms everywhere (its text reader "
+        "in Python instead of Spark's text source), to show what the native translations are "
+        "worth."
+    ),
     "fnapi": "Beam's `FnApiRunner()`, in process, one worker.",
     "fnapi-mp": (
         "`FnApiRunner()` with `--direct_num_workers=2 --direct_running_mode=multi_processing` "
@@ -88,6 +93,7 @@ HEADER = [
 COLORS = {
     "pyspark-handwritten": "#444444",
     "sparkbeam": "#d62728",
+    "sparkbeam-beam-only": "#ff9896",
     "fnapi": "#1f77b4",
     "fnapi-mp": "#17becf",
     "dask": "#ff7f0e",

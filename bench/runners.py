@@ -94,13 +94,14 @@ class SparkBeamRunner(BeamRunner):
     that JVM start-up is timed as start-up (the runner should pick it up with
     ``SparkSession.builder.getOrCreate()``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flags: tuple[str, ...] = ()) -> None:
         from sparkbeam.execute.session import session_config
 
         # The session sparkbeam would create itself (its worker daemon, adaptive execution
         # off), made here only so that the JVM's start is timed as start-up.
         self._spark = spark_session("bench-sparkbeam", session_config())
-        super().__init__(None, ["--runner=sparkbeam.SparkRunner", f"--spark_master={SPARK_MASTER}"])
+        super().__init__(None, ["--runner=sparkbeam.SparkRunner", f"--spark_master={SPARK_MASTER}",
+                                *flags])
 
     def stop(self) -> None:
         self._spark.stop()
@@ -183,6 +184,8 @@ class Handwritten(Runner):
 RUNNERS: dict[str, Callable[[], Runner]] = {
     "pyspark-handwritten": Handwritten,
     "sparkbeam": SparkBeamRunner,
+    # Beam's transforms everywhere (no Spark-native translations): what they are worth.
+    "sparkbeam-beam-only": lambda: SparkBeamRunner(("--spark_native=off",)),
     "fnapi": lambda: FnApi([]),
     "fnapi-mp": lambda: FnApi(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]),
     "dask": Dask,

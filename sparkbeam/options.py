@@ -7,6 +7,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
 DEFAULT_BUNDLE_SIZE = 1000
+# A batch stage with no keys, state or splitting (a read's or a Map chain's) takes bundles this
+# large unless --bundle_size says otherwise: each bundle costs a round of the SDK's bundle
+# life cycle and ends lifted combiners' pre-combining (a 1,000-line bundle of a word count
+# sends most of its words on uncombined); --bundle_bytes still bounds them.
+PLAIN_BUNDLE_SIZE = 1_000_000
 DEFAULT_BUNDLE_BYTES = 64 << 20
 
 
@@ -49,8 +54,10 @@ class SparkOptions(PipelineOptions):
         add_argument(
             "--bundle_size",
             type=int,
-            default=DEFAULT_BUNDLE_SIZE,
-            help="Most elements fed to the bundle processor in one bundle.",
+            default=None,
+            help=f"Most elements fed to the bundle processor in one bundle (default: "
+            f"{PLAIN_BUNDLE_SIZE:,} for stages without keys, state or splitting, "
+            f"{DEFAULT_BUNDLE_SIZE:,} for the others).",
         )
         add_argument(
             "--bundle_bytes",
@@ -64,6 +71,14 @@ class SparkOptions(PipelineOptions):
             default="on",
             help="Split straggling bundles of splittable DoFns and give the residual to idle "
             "tasks of the same stage (dynamic work rebalancing).",
+        )
+        add_argument(
+            "--spark_native",
+            choices=["on", "off"],
+            default="on",
+            help="Batch: let Spark's own operators do what they do exactly as Beam would "
+            "(ReadFromText through Spark's text source); 'off' keeps Beam's transforms "
+            "everywhere. The job's log says which path each transform took.",
         )
         add_argument(
             "--worker_connect_timeout",

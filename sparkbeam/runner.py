@@ -45,6 +45,7 @@ from sparkbeam.plan.check import (
 )
 from sparkbeam.plan.fingerprint import dumps, pipeline_fingerprint
 from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.plan.native_text import plan_batch
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.validate import check_structure
 from sparkbeam.progress_watch import ProgressWatch, terminal_attached
@@ -86,8 +87,10 @@ def prepare(
     pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
     plan = None
     if not problems:
-        plan = plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain,
-                             streaming=streaming)
+        plan = (plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain,
+                              streaming=True) if streaming
+                else plan_batch(proto, pickle_library=pickle_library, is_drain=is_drain,
+                                native=spark_options.spark_native == "on"))
         problems.extend(plan_problems(plan, streaming=streaming))
     problems.extend(option_problems(
         streaming=streaming, checkpoint_dir=spark_options.checkpoint_dir,
@@ -197,7 +200,8 @@ class SparkJob:
             executor = Executor(
                 datasets,
                 ExecutionSettings(
-                    bundle_size=max(1, spark_options.bundle_size),
+                    bundle_size=(max(1, spark_options.bundle_size)
+                                 if spark_options.bundle_size else None),
                     bundle_bytes=max(1, spark_options.bundle_bytes),
                     metrics_address=self._collector.address,
                     rebalance_address=rebalancer.address if rebalancer else None,
@@ -206,6 +210,8 @@ class SparkJob:
                 ),
             )
             self._set_state(PipelineState.RUNNING)
+            for decision in self.plan.decisions:
+                self._log(f"{self.job_id}: {decision}")
             started = time.time()
             watch = ProgressWatch(
                 self.job_id, ProgressTracker(self.plan.stages), self._collector,

@@ -6,8 +6,10 @@ Arrow batches of three columns (int32, binary, binary), cut at 8192 rows or 16 M
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 OUT_ARROW = pa.schema(
@@ -22,6 +24,45 @@ def rows_of(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, Any, bytes
     for batch in batches:
         yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
                        batch.column(2).to_pylist(), strict=True)
+
+
+@dataclass
+class ArrowRows:
+    """A task's input as Arrow batches: iterated, its rows; `columns()`, each batch as
+    columns, so a plain stage hands the SDK runs of encoded elements as they lie in Arrow's
+    buffer, with no Python work per element (`engine/bundles.py`, `column_bundles`)."""
+
+    batches: Iterator[pa.RecordBatch]
+
+    def __iter__(self) -> Iterator[tuple[int, Any, bytes]]:
+        return rows_of(self.batches)
+
+    def columns(self) -> Iterator[Columns]:
+        for batch in self.batches:
+            if batch.num_rows:
+                yield columns_of(batch)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """One batch: each row's stage input, and its values back to back (`data`), row i's
+    value at data[offsets[i]:offsets[i + 1]]."""
+
+    inputs: np.ndarray
+    offsets: np.ndarray  # int64, len(inputs) + 1, starting at 0
+    data: memoryview
+
+
+def columns_of(batch: pa.RecordBatch) -> Columns:
+    values = batch.column(2)
+    _, offset_buffer, data_buffer = values.buffers()[:3]
+    wide = pa.types.is_large_binary(values.type)
+    offsets = np.frombuffer(offset_buffer, dtype=np.int64 if wide else np.int32,
+                            count=len(values) + 1, offset=values.offset * (8 if wide else 4))
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = memoryview(data_buffer)[start:end] if data_buffer is not None else memoryview(b"")
+    return Columns(batch.column(0).to_numpy(zero_copy_only=False),
+                   offsets.astype(np.int64) - start, data)
 
 
 def to_arrow_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:

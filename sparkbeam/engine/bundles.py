@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from sparkbeam.engine.arrow import Columns
 from sparkbeam.engine.program import Chunks, Grouper
 
 Row = tuple[int, bytes | None, bytes]  # (stage input index, encoded key, encoded element)
@@ -29,6 +32,7 @@ class Bundle:
     closes_keys: bool = False
     count: int = 0
     size: int = 0
+    counts: dict[int, int] = field(default_factory=dict)  # elements per stage input
 
     @classmethod
     def of(cls, chunks: Chunks, closes_keys: bool = False) -> Bundle:
@@ -39,9 +43,14 @@ class Bundle:
         return bundle
 
     def add(self, n: int, element: bytes) -> None:
-        self.chunks.setdefault(n, []).append(element)
-        self.count += 1
-        self.size += len(element)
+        self.add_run(n, element, 1)
+
+    def add_run(self, n: int, elements: bytes, count: int) -> None:
+        """`count` encoded elements of input `n`, back to back."""
+        self.chunks.setdefault(n, []).append(elements)
+        self.counts[n] = self.counts.get(n, 0) + count
+        self.count += count
+        self.size += len(elements)
 
     def full(self, size: int, max_bytes: int) -> bool:
         return self.count >= size or self.size >= max_bytes
@@ -57,6 +66,33 @@ def plain_bundles(rows: Iterable[Row], size: int, max_bytes: int, *, always: boo
         if bundle.full(size, max_bytes):
             yield bundle
             bundle = Bundle()
+    if bundle.count or always:
+        yield bundle
+
+
+def column_bundles(columns: Iterable[Columns], size: int, max_bytes: int, *,
+                   always: bool = False) -> Iterator[Bundle]:
+    """What `plain_bundles` makes of the same rows (the same elements in the same bundles),
+    from Arrow columns: each bundle takes runs of consecutive values of one input as they lie
+    in the batch's buffer, found with a search over the offsets, not a step per element."""
+    bundle = Bundle()
+    for col in columns:
+        rows, i = len(col.inputs), 0
+        while i < rows:
+            n = int(col.inputs[i])
+            end = min(rows, i + size - bundle.count)
+            other = np.flatnonzero(col.inputs[i:end] != n)
+            if other.size:
+                end = i + int(other[0])
+            # An element joins while the bundle is under max_bytes before it (as in `add`).
+            room = max_bytes - bundle.size
+            end = min(end, int(np.searchsorted(col.offsets, col.offsets[i] + room, "left")))
+            end = max(end, i + 1)  # the bundle is not full, so it takes at least this one
+            bundle.add_run(n, bytes(col.data[col.offsets[i]:col.offsets[end]]), end - i)
+            i = end
+            if bundle.full(size, max_bytes):
+                yield bundle
+                bundle = Bundle()
     if bundle.count or always:
         yield bundle
 

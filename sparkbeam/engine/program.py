@@ -57,9 +57,12 @@ class StageProgram:
             if parts
         ]
 
-    def counts(self, chunks: Chunks) -> dict[str, int]:
-        """Elements per input transform (what lets a running bundle be split)."""
-        return {self.input_ids[n]: len(parts) for n, parts in chunks.items() if parts}
+    def counts(self, chunks: Chunks, elements: Mapping[int, int] | None = None
+               ) -> dict[str, int]:
+        """Elements per input transform (what lets a running bundle be split): one per part,
+        unless `elements` says how many each input's parts hold (runs of elements)."""
+        return {self.input_ids[n]: (len(parts) if elements is None else elements[n])
+                for n, parts in chunks.items() if parts}
 
     def rows(self, outputs: Iterable[tuple[str, bytes]]) -> Iterator[OutRow]:
         """A bundle's output elements as rows, with the key where a keyed consumer needs it."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from apache_beam.portability.api import beam_fn_api_pb2, metrics_pb2
@@ -75,9 +75,11 @@ class StageRun:
             self.timers.collect(result.timers)
         return list(self.program.rows(result.outputs))
 
-    def run_chunks(self, chunks: Chunks) -> list[OutRow]:
-        """One bundle of data elements (stage input index -> encoded elements)."""
-        return self.run(self.program.data(chunks), self.program.counts(chunks))
+    def run_chunks(self, chunks: Chunks, elements: Mapping[int, int] | None = None
+                   ) -> list[OutRow]:
+        """One bundle of data elements (stage input index -> encoded elements, or runs of
+        them when `elements` counts each input's)."""
+        return self.run(self.program.data(chunks), self.program.counts(chunks, elements))
 
     def fire_timers(self, limits: Limits, ordering: Ordering) -> Iterator[OutRow]:
         """Fires every timer the limits allow, earliest first per key, until none is due

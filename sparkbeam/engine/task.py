@@ -23,7 +23,8 @@ from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.control.worker import Worker
 from sparkbeam.engine import context
-from sparkbeam.engine.bundles import Bundle, Row, keyed_bundles, plain_bundles
+from sparkbeam.engine.arrow import ArrowRows
+from sparkbeam.engine.bundles import Bundle, Row, column_bundles, keyed_bundles, plain_bundles
 from sparkbeam.engine.program import Chunks, OutRow, program_for
 from sparkbeam.engine.run import StageRun
 from sparkbeam.engine.task_errors import error_payload
@@ -108,6 +109,9 @@ def _run_leased(
                     if spec.rebalance_address and stage.kind is StageKind.SPLITTABLE else None)
         if stage.kind.keyed:
             bundles = keyed_bundles(rows, spec.bundle_size, spec.bundle_bytes, program.groupers)
+        elif stage.kind is StageKind.PLAIN and isinstance(rows, ArrowRows):
+            bundles = column_bundles(rows.columns(), spec.bundle_size, spec.bundle_bytes,
+                                     always=not stage.inputs)
         else:
             bundles = plain_bundles(rows, spec.bundle_size, spec.bundle_bytes,
                                     always=not stage.inputs)
@@ -137,18 +141,17 @@ def _run_bundle(run: StageRun, bundle: Bundle, splitter: TaskSplitter | None
     """One bundle (split by the driver if it rebalances the stage; an empty one that closes
     keys only closes them); then, if it closes its keys, their timers fire (at the end of
     time) and their state is dropped."""
-    if bundle.count or not bundle.closes_keys:
+    if splitter is None:
+        if bundle.count or not bundle.closes_keys:
+            yield from run.run_chunks(bundle.chunks, bundle.counts)
+    elif bundle.count or not bundle.closes_keys:
         yield from _splittable(run, bundle.chunks, splitter)
     if bundle.closes_keys and run.program.stage.kind.stateful:
         yield from run.fire_timers(ALL, Ordering.EVENT_TIME_FIRST)
         run.worker.state.drop_user_state()
 
 
-def _splittable(run: StageRun, chunks: Chunks, splitter: TaskSplitter | None
-                ) -> Iterator[OutRow]:
-    if splitter is None:
-        yield from run.run_chunks(chunks)
-        return
+def _splittable(run: StageRun, chunks: Chunks, splitter: TaskSplitter) -> Iterator[OutRow]:
     seq, chunks, may_split = splitter.next_bundle(chunks)
     if not may_split:
         yield from run.run_chunks(chunks)

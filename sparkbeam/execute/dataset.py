@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkbeam.engine.arrow import rows_of, to_arrow_batches
+from sparkbeam.engine.arrow import ArrowRows, to_arrow_batches
 from sparkbeam.execute.session import is_connect
 
 _LOG = logging.getLogger(__name__)
@@ -63,6 +63,34 @@ class Datasets:
             F.lit(bytearray(value)).cast("binary").alias("value"),
         )
 
+    def text_lines(self, paths: list[str], prefix: bytes) -> DataFrame:
+        """The lines of local text files as a buffer of encoded elements (`prefix`, the
+        line's length as a varint, its bytes: `plan/native_text.py`), made by Spark's text
+        source in the JVM. Lines end at '\\n'; one '\\r' before it is dropped from the
+        bytes, which are never decoded here."""
+        if not paths:
+            return self.empty()
+        lines = (self.spark.read.option("lineSep", "\n")
+                 .text([f"file://{p}" for p in paths])
+                 .select(F.col("value").cast("binary").alias("line")))
+        n = "octet_length(line)"
+        stripped = F.expr(f"CASE WHEN {n} > 0 AND substr(line, -1, 1) = X'0D' "
+                          f"THEN substr(line, 1, {n} - 1) ELSE line END").alias("line")
+        return lines.select(stripped).select(
+            F.lit(None).cast("binary").alias("key"),
+            F.concat(F.lit(bytearray(prefix)).cast("binary"), _varint("octet_length(line)"),
+                     F.col("line")).alias("value"))
+
+    def file_partitions(self, total_bytes: int, files: int) -> int:
+        """About how many tasks Spark's file source makes of `files` files: its split size
+        is at most spark.sql.files.maxPartitionBytes (128 MB), about an even share per core
+        (spark.sql.files.minPartitionNum), each file counted 4 MB more (its open cost).
+        More splits were tried (four a core, for a shorter tail): each task's lifted
+        combiners then flush once more, and a word count's shuffle grew by as much."""
+        weighted = total_bytes + files * (4 << 20)
+        split = min(128 << 20, max(4 << 20, weighted // max(1, self.parallelism)))
+        return max(1, -(-weighted // split))
+
     def as_input(self, df: DataFrame, index: int) -> DataFrame:
         """A buffer's rows tagged as input number `index` of the reading stage."""
         return df.select(F.lit(index).cast("int").alias("input"), "key", "value")
@@ -87,7 +115,7 @@ class Datasets:
     def map_stage(
         self,
         df: DataFrame,
-        task: Callable[[Iterator[tuple[int, Any, bytes]], tuple[int, int, int]], Iterator[tuple]],
+        task: Callable[[Iterable[tuple[int, Any, bytes]], tuple[int, int, int]], Iterator[tuple]],
         name: str = "",
     ) -> DataFrame:
         """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,
@@ -99,7 +127,7 @@ class Datasets:
 
             tc = TaskContext.get()
             attempt = (tc.stageId(), tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
-            yield from to_arrow_batches(task(rows_of(batches), attempt))
+            yield from to_arrow_batches(task(ArrowRows(batches), attempt))
 
         if name:
             # The SQL tab of the Spark UI names each MapInArrow node by its function.
@@ -318,6 +346,17 @@ def _sparkbeam_zip() -> str:
 def _ui_name(text: str, limit: int = 120) -> str:
     """`stage-003 [Count/CombinePerKey]` as an identifier: stage_003__Count_CombinePerKey."""
     return re.sub(r"\W+", "_", text).strip("_")[:limit] or "sparkbeam_stage"
+
+
+def _varint(length: str) -> Any:
+    """Beam's varint of the int SQL expression `length` (< 2**35), as binary: one byte per
+    7 bits, low first, the high bit set on all but the last."""
+    parts = []
+    for i in range(5):
+        byte = f"((({length}) >> {7 * i}) & 127) | IF(({length}) >= {1 << 7 * (i + 1)}, 128, 0)"
+        one = f"unhex(lpad(hex({byte}), 2, '0'))"
+        parts.append(one if i == 0 else f"IF(({length}) >= {1 << 7 * i}, {one}, X'')")
+    return F.expr(f"concat({', '.join(parts)})")
 
 
 def _union(dfs: list[DataFrame]) -> DataFrame:

@@ -5,7 +5,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.engine.task_errors import stage_error
 from sparkbeam.errors import ExecutionError, JobCancelledError
 from sparkbeam.execute.dataset import Datasets
+from sparkbeam.options import DEFAULT_BUNDLE_SIZE, PLAIN_BUNDLE_SIZE
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
 
 _LOG = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class ExecutionSettings:
-    bundle_size: int
+    bundle_size: int | None  # None: by stage kind (`options.PLAIN_BUNDLE_SIZE`)
     bundle_bytes: int
     metrics_address: str | None = None
     rebalance_address: str | None = None
@@ -68,7 +69,7 @@ class ExecutionSettings:
 
 
 def _task(
-    spec: TaskSpec, shipped: Any, rows: Iterator[tuple], attempt: tuple[int, int, int]
+    spec: TaskSpec, shipped: Any, rows: Iterable[tuple], attempt: tuple[int, int, int]
 ) -> Iterator[tuple]:
     side = shipped.value if shipped is not None else {}
     return run_stage_task(spec, rows, side, attempt)
@@ -192,7 +193,8 @@ class Executor:
             groupings={i.buffer_id: plan.groupings[i.buffer_id]
                        for i in stage.inputs if i.buffer_id in plan.groupings},
             pickle_library=plan.pickle_library,
-            bundle_size=self.settings.bundle_size,
+            bundle_size=self.settings.bundle_size or (
+                PLAIN_BUNDLE_SIZE if stage.kind is StageKind.PLAIN else DEFAULT_BUNDLE_SIZE),
             bundle_bytes=self.settings.bundle_bytes,
             job_id=job_id,
             metrics_address=self.settings.metrics_address,
@@ -210,6 +212,10 @@ class Executor:
             if inp.buffer_id == IMPULSE_BUFFER:
                 df = self.ds.impulse(ENCODED_IMPULSE_VALUE)
                 partitions += 1
+            elif inp.buffer_id in run.plan.text_reads:
+                read = run.plan.text_reads[inp.buffer_id]
+                df = self.ds.text_lines(list(read.files), read.prefix)
+                partitions += self.ds.file_partitions(read.total_bytes, len(read.files))
             else:
                 parts = run.buffers.get(inp.buffer_id, [])
                 df = self.ds.union(parts)

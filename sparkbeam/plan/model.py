@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
+from sparkbeam.plan.native_text import TextRead
+
 IMPULSE_BUFFER = b"impulse"
 
 
@@ -128,6 +130,10 @@ class Plan:
     # batch), and the pipeline's fingerprint its checkpoint directory records (JSON).
     streaming_reason: str = ""
     fingerprint: str = ""
+    # Batch: buffers Spark makes by itself (`plan/native_text.py`), and which path each
+    # translatable transform took and why, one line each.
+    text_reads: dict[bytes, TextRead] = field(default_factory=dict)
+    decisions: tuple[str, ...] = ()
 
 
 def side_input_proto(stage: Stage, use: SideInputUse) -> beam_runner_api_pb2.SideInput:

@@ -9,7 +9,7 @@ from apache_beam.options import pipeline_options
 from apache_beam.metrics import monitoring_infos
 from apache_beam.portability.api import metrics_pb2
 
-from sparkbeam.options import SparkOptions, positive_or_none
+from sparkbeam.options import DEFAULT_BUNDLE_SIZE, SparkOptions, positive_or_none
 from sparkbeam.plan.model import Plan
 from sparkbeam.streaming.budget import THROTTLE_COUNTER, THROTTLE_NAMESPACE
 from sparkbeam.streaming.plan import streaming_plan
@@ -44,7 +44,7 @@ def run_streaming(
     settings = StreamingSettings(
         checkpoint_dir=checkpoint_dir,
         trigger_interval=spark_options.trigger_interval,
-        bundle_size=max(1, spark_options.bundle_size),
+        bundle_size=max(1, spark_options.bundle_size or DEFAULT_BUNDLE_SIZE),
         bundle_bytes=max(1, spark_options.bundle_bytes),
         metrics_address=collector.address,
         job_id=job_id,

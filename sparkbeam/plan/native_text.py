@@ -1,0 +1,286 @@
+"""ReadFromText through Spark's text source, where the result is provably Beam's.
+
+Beam's `ReadFromText` is a `Read` of a `_TextSource`: in Python, per line, a buffered scan for
+separators, a range tracker's claim and a coder's decode (about half of a word count's read
+stage, bench/ANALYSIS.md). Spark's text source splits files into lines in the JVM. At Prepare,
+each `Read` of a `_TextSource` whose options Spark reproduces exactly becomes a data input of
+its consumers' stage reading a buffer the executor makes with Spark (`TextRead`); any other
+`Read` keeps Beam's reader, and the plan says which path each took and why.
+
+Exactly Beam's lines, because the translation only applies when:
+- lines end at '\\n', a '\\r' before it dropped (Beam's default separators; Spark is told
+  `lineSep='\\n'`, and the '\\r' is removed from the bytes, not the decoded text). A lone
+  '\\r' is not a separator for Beam, so a file whose last byte is '\\r' (which Beam keeps in
+  its last line) keeps Beam's reader;
+- the files are local, plain (no compressed suffix either side would decompress), not
+  starting with a UTF-8 byte-order mark (Hadoop's line reader drops it, Beam keeps it), and
+  named so that Hadoop reads each path as itself (no glob characters, no '%' or ':') and does
+  not skip it as hidden ('_' or '.' first);
+- the coder is Beam's `StrUtf8Coder`, lines are stripped, and no header, delimiter or escape
+  character is set.
+The lines' bytes go to the SDK untouched: invalid UTF-8 fails the consuming stage, as Beam's
+decode fails its read. The files are matched once, at Prepare (Beam matches them when the read
+starts, which for a job run when it is prepared is the same moment); empty files have no lines
+either way.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from sparkbeam import urns
+
+if TYPE_CHECKING:
+    from sparkbeam.plan.model import Plan
+
+TEXT_BUFFER_PREFIX = b"spark-text:"
+_READ = common_urns.deprecated_primitives.READ.urn
+_PICKLED_SOURCE = "beam:source:pickled_python:v1"
+_STRING = "beam:coder:string_utf8:v1"
+# Suffixes Beam's AUTO or any of Hadoop's codecs decompress by (Hadoop matches them as given).
+_COMPRESSED = (".gz", ".bz2", ".deflate", ".zst", ".zstd", ".lz4", ".snappy", ".lzo", ".lzma",
+               ".xz", ".br", ".z", ".zz", ".lz", ".gzip")
+_AWKWARD = set("*?[]{}\\%:")  # Hadoop reads paths as glob patterns and URIs
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class TextRead:
+    """A `Read` of text files done by Spark: its lines are the buffer `buffer_id`."""
+
+    transform: str  # the Read's name, e.g. "ReadLines/Read"
+    buffer_id: bytes
+    files: tuple[str, ...]  # absolute local paths, none empty
+    total_bytes: int
+    # The encoded windowed value of a line up to the line's length (timestamp, window, pane),
+    # checked against the stage's input coder once the pipeline is fused (`wire_prefix`).
+    prefix: bytes = b""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which path a transform took and why, for the job's log and `explain`."""
+
+    transform: str
+    native: bool
+    reason: str
+
+    def __str__(self) -> str:
+        path = "Spark's text source" if self.native else "Beam's reader"
+        return f"{self.transform}: {path} ({self.reason})"
+
+
+def translate_text_reads(
+    proto: beam_runner_api_pb2.Pipeline, skip: Iterable[str] = ()
+) -> tuple[beam_runner_api_pb2.Pipeline, dict[bytes, TextRead], list[Decision]]:
+    """`proto` with every translatable text `Read` (not named in `skip`) turned into a data
+    input of a Spark-made buffer; the reads; a decision for every text `Read`."""
+    reads: dict[bytes, TextRead] = {}
+    decisions: list[Decision] = []
+    out = proto
+    for tid, transform in sorted(proto.components.transforms.items()):
+        source = _text_source(transform)
+        if source is None:
+            continue
+        name = transform.unique_name or tid
+        if name in skip:
+            decisions.append(Decision(name, False, "its elements' wire coder is not Beam's "
+                                      "plain string encoding"))
+            continue
+        problem, files = _problem(proto, transform, source)
+        if problem:
+            decisions.append(Decision(name, False, problem))
+            continue
+        if out is proto:
+            out = copy.deepcopy(proto)
+        buffer_id = TEXT_BUFFER_PREFIX + tid.encode()
+        _as_data_input(out.components, tid, buffer_id)
+        sizes = [size for _, size in files]
+        reads[buffer_id] = TextRead(name, buffer_id, tuple(p for p, _ in files), sum(sizes))
+        decisions.append(Decision(name, True, f"{len(files)} file(s), {sum(sizes):,} bytes"))
+    return out, reads, decisions
+
+
+def _text_source(transform: beam_runner_api_pb2.PTransform) -> object | None:
+    """The `_TextSource` a `Read` reads (exactly that class: `ReadFromTextWithFilename`'s
+    subclass pairs lines with names), or None."""
+    if transform.spec.urn != _READ:
+        return None
+    payload = beam_runner_api_pb2.ReadPayload.FromString(transform.spec.payload)
+    if (payload.source.urn != _PICKLED_SOURCE
+            or payload.is_bounded != beam_runner_api_pb2.IsBounded.BOUNDED):
+        return None
+    from apache_beam.internal import pickler
+    from apache_beam.io import textio
+
+    try:
+        source = pickler.loads(payload.source.payload)
+    except Exception:  # noqa: BLE001 - a source this process cannot load keeps Beam's path
+        return None
+    return source if type(source) is textio._TextSource else None  # noqa: SLF001
+
+
+def _problem(
+    proto: beam_runner_api_pb2.Pipeline, transform: beam_runner_api_pb2.PTransform, src: object
+) -> tuple[str, list[tuple[str, int]]]:
+    """Why Spark's text source would not read exactly Beam's lines ('' if it would), and the
+    files with their sizes."""
+    from apache_beam import coders
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    get = src.__dict__.get
+    options = [
+        (get("_strip_trailing_newlines") is not True, "strip_trailing_newlines=False"),
+        (get("_skip_header_lines") != 0, f"skip_header_lines={get('_skip_header_lines')}"),
+        (get("_header_matcher") is not None or get("_header_processor") is not None,
+         "a header matcher"),
+        (get("_delimiter") is not None, f"delimiter={get('_delimiter')!r}"),
+        (get("_escapechar") is not None, f"escapechar={get('_escapechar')!r}"),
+        (type(get("_coder")) is not coders.StrUtf8Coder,
+         f"coder {type(get('_coder')).__name__}"),
+        (get("_compression_type") not in (CompressionTypes.AUTO, CompressionTypes.UNCOMPRESSED),
+         f"compression_type={get('_compression_type')}"),
+    ]
+    for bad, what in options:
+        if bad:
+            return f"{what} has no Spark equivalent", []
+    outputs = list(transform.outputs.values())
+    if len(outputs) != 1 or proto.components.coders[
+            proto.components.pcollections[outputs[0]].coder_id].spec.urn != _STRING:
+        return "its output is not coded as plain strings", []
+    pattern_vp = get("_pattern")
+    if pattern_vp is None or not pattern_vp.is_accessible():
+        return "its file pattern is a runtime value", []
+    pattern = str(pattern_vp.get())
+    if FileSystems.get_scheme(pattern) not in (None, "file"):
+        return f"{pattern} is not on the local file system", []
+    try:
+        matched = FileSystems.match([pattern])[0].metadata_list
+    except Exception as exc:  # noqa: BLE001 - Beam's reader will say it, in its words
+        return f"matching {pattern} failed: {exc}", []
+    if not matched:
+        return f"no file matches {pattern}", []
+    files = []
+    for meta in sorted(matched, key=lambda m: m.path):
+        path = os.path.abspath(meta.path)
+        problem = _file_problem(path, meta.size_in_bytes)
+        if problem:
+            return problem, []
+        if meta.size_in_bytes:
+            files.append((path, int(meta.size_in_bytes)))
+    return "", files
+
+
+def _file_problem(path: str, size: int) -> str:
+    base = os.path.basename(path)
+    if base.lower().endswith(_COMPRESSED):
+        return f"{path} may be compressed"
+    if _AWKWARD & set(path) or base[:1] in ("_", "."):
+        return f"Spark would not read the path {path} as it is"
+    if not size:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(3)
+            f.seek(size - 1)
+            last = f.read(1)
+    except OSError as exc:
+        return f"{path} cannot be read here: {exc}"
+    if head == _BOM:
+        return f"{path} starts with a byte-order mark"
+    if last == b"\r":
+        return f"{path} ends with a lone '\\r'"
+    return ""
+
+
+def _as_data_input(
+    comps: beam_runner_api_pb2.Components, tid: str, buffer_id: bytes
+) -> None:
+    """The `Read` becomes a leaf reading `buffer_id`; its expansion leaves the pipeline."""
+    transform = comps.transforms[tid]
+    stack = list(transform.subtransforms)
+    while stack:
+        sub = comps.transforms.pop(stack.pop(), None)
+        if sub is not None:
+            stack.extend(sub.subtransforms)
+            for pcoll in sub.outputs.values():
+                if pcoll not in transform.outputs.values():
+                    comps.pcollections.pop(pcoll, None)
+    del transform.subtransforms[:]
+    transform.spec.CopyFrom(beam_runner_api_pb2.FunctionSpec(urn=urns.DATA_INPUT,
+                                                              payload=buffer_id))
+
+
+def varint(n: int) -> bytes:
+    """Beam's variable-length encoding of a non-negative int."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def wire_prefix(coder_impl: object) -> bytes | None:
+    """What every line's encoding starts with under the stage input's windowed coder, or
+    None when a line is not encoded as that prefix, its length and its bytes."""
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import MIN_TIMESTAMP
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    def encode(text: str) -> bytes:
+        return coder_impl.encode_nested(  # type: ignore[attr-defined, no-any-return]
+            WindowedValue(text, MIN_TIMESTAMP, (GlobalWindow(),)))
+
+    empty = encode("")
+    if not empty.endswith(b"\x00"):
+        return None
+    prefix = empty[:-1]
+    for text in ("a", "é\u2603", "x" * 127, "y" * 128, "z" * 16_384, "\r"):
+        data = text.encode("utf-8")
+        if encode(text) != prefix + varint(len(data)) + data:
+            return None
+    return prefix
+
+
+def plan_batch(
+    proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default",
+    is_drain: bool = False, native: bool = True,
+) -> Plan:
+    """The batch plan of `proto`, its text reads done by Spark where they read Beam's lines
+    exactly (`native`), else by Beam's reader; `Plan.decisions` says which and why."""
+    from apache_beam.runners.pipeline_context import PipelineContext
+
+    from sparkbeam.plan.fuse import plan_pipeline
+
+    skip: list[str] = []
+    while True:
+        rewritten, reads, decisions = (translate_text_reads(proto, skip) if native
+                                       else (proto, {}, []))
+        plan = plan_pipeline(rewritten, pickle_library=pickle_library, is_drain=is_drain)
+        if not reads:
+            break
+        ctx = PipelineContext(beam_runner_api_pb2.Components.FromString(plan.components))
+        odd = []
+        for stage in plan.stages:
+            for inp in stage.inputs:
+                if inp.buffer_id in reads:
+                    prefix = wire_prefix(ctx.coders[inp.coder_id].get_impl())
+                    if prefix is None:
+                        odd.append(reads[inp.buffer_id].transform)
+                    else:
+                        reads[inp.buffer_id] = dataclasses.replace(
+                            reads[inp.buffer_id], prefix=prefix)
+        if not odd:
+            break
+        skip.extend(odd)  # rare: planned again with those reads left to Beam
+    return dataclasses.replace(plan, text_reads=reads,
+                               decisions=tuple(str(d) for d in decisions))

@@ -1,0 +1,125 @@
+"""Which text reads Spark's text source takes over, and the bytes it must produce."""
+from __future__ import annotations
+
+import gzip
+
+import apache_beam as beam
+import pytest
+from apache_beam import coders
+from apache_beam.coders.coders import GlobalWindowCoder
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.runners.pipeline_context import PipelineContext
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkbeam.plan.native_text import (
+    TEXT_BUFFER_PREFIX,
+    plan_batch,
+    translate_text_reads,
+    varint,
+    wire_prefix,
+)
+
+
+def _decisions(read: beam.PTransform) -> list[str]:
+    p = beam.Pipeline()
+    _ = p | "Lines" >> read | beam.Map(len)
+    _, reads, decisions = translate_text_reads(p.to_runner_api())
+    assert len(decisions) == 1
+    assert bool(reads) == decisions[0].native
+    return [str(d) for d in decisions]
+
+
+def test_plain_files_are_read_by_spark_and_the_read_expansion_leaves_the_pipeline(
+        tmp_path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"x\r\ny\n")
+    (tmp_path / "b.txt").write_bytes(b"")  # no lines either way: not handed to Spark
+    p = beam.Pipeline()
+    _ = p | "Lines" >> beam.io.ReadFromText(f"{tmp_path}/*.txt") | beam.Map(len)
+    proto, reads, decisions = translate_text_reads(p.to_runner_api())
+    assert [str(d) for d in decisions] == ["Lines/Read: Spark's text source (1 file(s), 5 bytes)"]
+    (read,) = reads.values()
+    assert read.files == (str(tmp_path / "a.txt"),) and read.total_bytes == 5
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert "Lines/Read" in names and not any(n.startswith("Lines/Read/") for n in names)
+    plan = plan_batch(p.to_runner_api())
+    (stage,) = plan.stages
+    assert [i.buffer_id for i in stage.inputs] == [read.buffer_id]
+    assert read.buffer_id.startswith(TEXT_BUFFER_PREFIX)
+    assert plan.text_reads[read.buffer_id].prefix  # checked against the fused coder
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"skip_header_lines": 1}, "skip_header_lines=1 has no Spark equivalent"),
+    ({"delimiter": b";"}, "delimiter=b';' has no Spark equivalent"),
+    ({"escapechar": b"|"}, "escapechar=b'|' has no Spark equivalent"),
+    ({"strip_trailing_newlines": False}, "strip_trailing_newlines=False has no Spark"),
+    ({"coder": coders.BytesCoder()}, "coder BytesCoder has no Spark equivalent"),
+    ({"compression_type": CompressionTypes.GZIP}, "compression_type=gzip has no Spark"),
+])
+def test_options_spark_cannot_reproduce_keep_beams_reader(tmp_path, kwargs, reason) -> None:
+    (tmp_path / "a.txt").write_bytes(b"x\n")
+    (decision,) = _decisions(beam.io.ReadFromText(f"{tmp_path}/a.txt", **kwargs))
+    assert decision.startswith("Lines/Read: Beam's reader (") and reason in decision
+
+
+@pytest.mark.parametrize(("name", "content", "reason"), [
+    ("a.gz", gzip.compress(b"x\n"), "may be compressed"),
+    ("a.TXT.BZ2", b"x\n", "may be compressed"),
+    ("bom.txt", b"\xef\xbb\xbfx\n", "starts with a byte-order mark"),
+    ("cr.txt", b"x\ny\r", "ends with a lone '\\r'"),
+    ("_hidden.txt", b"x\n", "would not read the path"),
+    ("odd[1].txt", b"x\n", "would not read the path"),
+    ("per%cent.txt", b"x\n", "would not read the path"),
+])
+def test_files_spark_would_read_differently_keep_beams_reader(
+        tmp_path, name, content, reason) -> None:
+    (tmp_path / name).write_bytes(content)
+    pattern = str(tmp_path / name).replace("[", "?").replace("]", "?")
+    (decision,) = _decisions(beam.io.ReadFromText(pattern))
+    assert "Beam's reader" in decision and reason in decision
+
+
+def test_reads_with_file_names_and_non_text_reads_are_left_alone(tmp_path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"x\n")
+    p = beam.Pipeline()
+    _ = p | beam.io.ReadFromTextWithFilename(f"{tmp_path}/a.txt") | "A" >> beam.Map(str)
+    _ = p | beam.Create([1]) | "B" >> beam.Map(str)
+    _, reads, decisions = translate_text_reads(p.to_runner_api())
+    assert reads == {} and decisions == []
+
+
+def test_off_keeps_beams_reader(tmp_path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"x\n")
+    p = beam.Pipeline()
+    _ = p | beam.io.ReadFromText(f"{tmp_path}/a.txt") | beam.Map(len)
+    plan = plan_batch(p.to_runner_api(), native=False)
+    assert plan.text_reads == {} and plan.decisions == ()
+    assert len(plan.stages) == 2  # Beam's read: the source's split, then the SDF
+
+
+@given(st.integers(min_value=0, max_value=2**35 - 1))
+def test_varint_is_beams(n: int) -> None:
+    assert varint(n) == coders.VarIntCoder().encode(n)
+
+
+@given(st.text())
+def test_a_line_is_the_prefix_its_length_and_its_bytes(text: str) -> None:
+    coder = coders.WindowedValueCoder(coders.StrUtf8Coder(), GlobalWindowCoder())
+    prefix = wire_prefix(coder.get_impl())
+    assert prefix is not None
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import MIN_TIMESTAMP
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    data = text.encode("utf-8", "surrogatepass")
+    if data != text.encode("utf-8", "ignore"):
+        return  # not a line a file can hold
+    encoded = coder.get_impl().encode_nested(WindowedValue(text, MIN_TIMESTAMP, (GlobalWindow(),)))
+    assert encoded == prefix + varint(len(data)) + data
+
+
+def test_a_coder_that_writes_lines_otherwise_has_no_prefix() -> None:
+    ctx = PipelineContext()
+    pickled = coders.WindowedValueCoder(coders.PickleCoder(), GlobalWindowCoder())
+    assert wire_prefix(ctx.coders.get_by_id(ctx.coders.get_id(pickled)).get_impl()) is None
