@@ -201,7 +201,7 @@ class SparkJob:
                 datasets,
                 ExecutionSettings(
                     bundle_size=(max(1, spark_options.bundle_size)
-                                 if spark_options.bundle_size else None),
+                                 if spark_options.bundle_size is not None else None),
                     bundle_bytes=max(1, spark_options.bundle_bytes),
                     metrics_address=self._collector.address,
                     rebalance_address=rebalancer.address if rebalancer else None,

@@ -70,7 +70,9 @@ class Datasets:
         bytes, which are never decoded here."""
         if not paths:
             return self.empty()
-        lines = (self.spark.read.option("lineSep", "\n")
+        # Spark's options to skip files it cannot read, off: Beam fails on them.
+        lines = (self.spark.read.option("lineSep", "\n").option("ignoreCorruptFiles", "false")
+                 .option("ignoreMissingFiles", "false")
                  .text([f"file://{p}" for p in paths])
                  .select(F.col("value").cast("binary").alias("line")))
         n = "octet_length(line)"

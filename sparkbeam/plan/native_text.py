@@ -14,8 +14,10 @@ Exactly Beam's lines, because the translation only applies when:
   its last line) keeps Beam's reader;
 - the files are local, plain (no compressed suffix either side would decompress), not
   starting with a UTF-8 byte-order mark (Hadoop's line reader drops it, Beam keeps it), and
-  named so that Hadoop reads each path as itself (no glob characters, no '%' or ':') and does
-  not skip it as hidden ('_' or '.' first);
+  named so that Hadoop reads each path as itself (ASCII, no glob characters, no '%' or ':'),
+  does not skip it (hidden: '_' or '.' first; in copy: a '._COPYING_' suffix) and does not
+  check it against a checksum file beside it (a '.NAME.crc' that Hadoop or Spark wrote, which
+  an edit since makes Hadoop refuse the file);
 - the coder is Beam's `StrUtf8Coder`, lines are stripped, and no header, delimiter or escape
   character is set.
 The lines' bytes go to the SDK untouched: invalid UTF-8 fails the consuming stage, as Beam's
@@ -170,7 +172,9 @@ def _problem(
         return f"no file matches {pattern}", []
     files = []
     for meta in sorted(matched, key=lambda m: m.path):
-        path = os.path.abspath(meta.path)
+        # Symbolic links resolved as the file system does: Hadoop, like `abspath`, would
+        # resolve 'link/..' textually, to another file.
+        path = os.path.realpath(meta.path)
         problem = _file_problem(path, meta.size_in_bytes)
         if problem:
             return problem, []
@@ -183,8 +187,11 @@ def _file_problem(path: str, size: int) -> str:
     base = os.path.basename(path)
     if base.lower().endswith(_COMPRESSED):
         return f"{path} may be compressed"
-    if _AWKWARD & set(path) or base[:1] in ("_", "."):
-        return f"Spark would not read the path {path} as it is"
+    if (not path.isascii() or _AWKWARD & set(path) or base[:1] in ("_", ".")
+            or base.endswith("._COPYING_")):
+        return f"Spark would not read the path {path!r} as it is"
+    if os.path.exists(os.path.join(os.path.dirname(path), f".{base}.crc")):
+        return f"Hadoop would check {path} against its checksum file .{base}.crc"
     if not size:
         return ""
     try:

@@ -23,6 +23,7 @@ NAMES = [
     "side_inputs_all_kinds",
     "stateful_bag_combining_timers",
     "splittable_dofn_checkpoints",
+    "text_io_round_trip",  # ReadFromText through Spark's text source, over Connect too
 ]
 CHECKS = ["check_user_error", "check_cancel", "check_metrics", "check_py_file",
           "check_sparkbeam_shipped"]

@@ -61,7 +61,7 @@ def _decisions(build, args: list[str] | None = None) -> tuple[str, ...]:  # type
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@settings(max_examples=5, deadline=None, derandomize=True,
+@settings(max_examples=4, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(contents=st.lists(_FILE, min_size=1, max_size=3))
 def test_spark_reads_beams_lines(shape: str, contents: list[bytes]) -> None:

@@ -71,6 +71,8 @@ def test_options_spark_cannot_reproduce_keep_beams_reader(tmp_path, kwargs, reas
     ("_hidden.txt", b"x\n", "would not read the path"),
     ("odd[1].txt", b"x\n", "would not read the path"),
     ("per%cent.txt", b"x\n", "would not read the path"),
+    ("part._COPYING_", b"x\n", "would not read the path"),
+    ("caf\u00e9.txt", b"x\n", "would not read the path"),
 ])
 def test_files_spark_would_read_differently_keep_beams_reader(
         tmp_path, name, content, reason) -> None:
@@ -78,6 +80,26 @@ def test_files_spark_would_read_differently_keep_beams_reader(
     pattern = str(tmp_path / name).replace("[", "?").replace("]", "?")
     (decision,) = _decisions(beam.io.ReadFromText(pattern))
     assert "Beam's reader" in decision and reason in decision
+
+
+def test_a_file_with_a_hadoop_checksum_beside_it_keeps_beams_reader(tmp_path) -> None:
+    (tmp_path / "part-0.txt").write_bytes(b"edited after Spark wrote it\n")
+    (tmp_path / ".part-0.txt.crc").write_bytes(b"crc")
+    (decision,) = _decisions(beam.io.ReadFromText(f"{tmp_path}/part-*"))
+    assert "checksum file .part-0.txt.crc" in decision
+
+
+def test_paths_through_symbolic_links_are_the_files_beam_opens(tmp_path) -> None:
+    (tmp_path / "x" / "y").mkdir(parents=True)
+    (tmp_path / "x" / "a.txt").write_bytes(b"right\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "link").symlink_to(tmp_path / "x" / "y")
+    (tmp_path / "d" / "a.txt").write_bytes(b"wrong\n")  # where 'link/..' reads textually
+    p = beam.Pipeline()
+    _ = p | beam.io.ReadFromText(f"{tmp_path}/d/link/../a.txt") | beam.Map(len)
+    _, reads, _ = translate_text_reads(p.to_runner_api())
+    (read,) = reads.values()
+    assert read.files == (str(tmp_path / "x" / "a.txt"),)
 
 
 def test_reads_with_file_names_and_non_text_reads_are_left_alone(tmp_path) -> None:
