@@ -2,7 +2,8 @@
 
 Sessions are made single-flight (`SingleFlight`): jobs that arrive together at a fresh job
 server wait for the one start under way instead of racing to launch a second JVM gateway,
-share its outcome, and a failed start is tried again by the next job.
+share its outcome, and a failed start is tried again by the next job. A gateway JVM that exits
+as it launches is launched again, up to `GATEWAY_ATTEMPTS` times in all.
 """
 from __future__ import annotations
 
@@ -117,13 +118,30 @@ def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSessio
     for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
         builder = builder.config(key, value)
     where = f"Spark Connect server {remote}" if remote else f"master {master}"
-    _LOG.info("starting a SparkSession on %s", where)
-    try:
-        return builder.getOrCreate()
-    except Exception as exc:  # noqa: BLE001 - any start failure is reported with its cause
-        raise ExecutionError(
-            f"the SparkSession could not start on {where}: {type(exc).__name__}: {exc}"
-        ) from exc
+    for attempt in range(1, GATEWAY_ATTEMPTS + 1):
+        _LOG.info("starting a SparkSession on %s", where)
+        try:
+            return builder.getOrCreate()
+        except Exception as exc:  # noqa: BLE001 - any start failure is reported with its cause
+            if remote or attempt == GATEWAY_ATTEMPTS or not _gateway_exited(exc):
+                raise ExecutionError(
+                    f"the SparkSession could not start on {where}: {type(exc).__name__}: {exc}"
+                ) from exc
+            _LOG.warning("the JVM gateway exited as it launched (PySpark's JAVA_GATEWAY_EXITED, "
+                         "attempt %d of %d); launching it again", attempt, GATEWAY_ATTEMPTS)
+    raise AssertionError("unreachable")
+
+
+# A gateway JVM launched while the job server's gRPC threads are busy has, rarely (2 of ~20
+# fresh-server load runs, never alone), exited before writing its port, with a gRPC poller in
+# the same process reporting a closed descriptor at that moment: a launch that died at birth,
+# not a setting that cannot work. A broken installation fails every attempt, in ~1 s each.
+GATEWAY_ATTEMPTS = 3
+
+
+def _gateway_exited(exc: BaseException) -> bool:
+    get_class = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    return callable(get_class) and get_class() == "JAVA_GATEWAY_EXITED"
 
 
 def _submitted_master() -> str | None:

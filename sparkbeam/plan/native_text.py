@@ -68,7 +68,7 @@ class TextRead:
 
 @dataclass(frozen=True)
 class Decision:
-    """Which path a transform took and why, for the job's log and `explain`."""
+    """Which path a transform took and why, for the job's log and message stream."""
 
     transform: str
     native: bool

@@ -174,6 +174,63 @@ def test_reuses_the_active_spark_session(spark) -> None:  # type: ignore[no-unty
     assert SparkSession.getActiveSession() is spark
 
 
+def _spark_home_failing(tmp_path, failures: int):  # type: ignore[no-untyped-def]
+    """A SPARK_HOME whose spark-submit exits at once `failures` times, then runs PySpark's own
+    (what a gateway JVM that dies at launch looks like to PySpark); and its call log."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    real = _find_spark_home()
+    calls = tmp_path / "calls"
+    (tmp_path / "bin").mkdir()
+    submit = tmp_path / "bin" / "spark-submit"
+    submit.write_text(textwrap.dedent(f"""\
+        #!/usr/bin/env bash
+        echo call >> {str(calls)!r}
+        if [ "$(wc -l < {str(calls)!r})" -le {failures} ]; then exit 1; fi
+        SPARK_HOME={real!r} exec {real!r}/bin/spark-submit "$@"
+    """))
+    submit.chmod(0o755)
+    return tmp_path, calls
+
+
+_START = textwrap.dedent("""
+    import logging
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from sparkbeam.execute.session import get_session
+    from sparkbeam.options import SparkOptions
+
+    logging.basicConfig(level=logging.INFO)
+    spark = get_session(PipelineOptions(["--spark_master=local[1]"]).view_as(SparkOptions))
+    print("ROWS", spark.range(3).count())
+    spark.stop()
+""")
+
+
+def _start_with(home) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
+    env = dict(os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable)
+    return subprocess.run([sys.executable, "-c", _START], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_a_gateway_jvm_that_exits_at_launch_is_launched_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    home, calls = _spark_home_failing(tmp_path, failures=1)
+    out = _start_with(home)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ROWS 3" in out.stdout
+    assert calls.read_text().count("call") == 2
+    assert "JAVA_GATEWAY_EXITED, attempt 1 of 3); launching it again" in out.stderr
+
+
+def test_a_gateway_that_never_starts_fails_naming_the_master_after_three_launches(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    home, calls = _spark_home_failing(tmp_path, failures=99)
+    out = _start_with(home)
+    assert out.returncode != 0
+    assert calls.read_text().count("call") == 3
+    assert ("ExecutionError: the SparkSession could not start on master local[1]: "
+            "PySparkRuntimeError: [JAVA_GATEWAY_EXITED]") in out.stderr
+
+
 def test_task_retries_do_not_double_count_committed_metrics(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A task that fails once and is retried (local[2,3] allows retries) counts once."""
     script = tmp_path / "retry.py"
