@@ -36,6 +36,7 @@ from sparkbeam.streaming.checkpoint import (
     write_side_file,
 )
 from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, load_state, pending_of
+from sparkbeam.streaming.shell import BLOB_STATE
 from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, Pending, RunnerTime
 from sparkbeam.streaming.sides import SideReadiness, StreamingSide, values_of
 from sparkbeam.streaming.splittable import SplittableKey, spread_endpoint
@@ -83,10 +84,13 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         self.holds = holds
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        self.bind(handle, handle.getValueState(*BLOB_STATE))
+
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        """Ready for keys, with the key's blob state `blob` (the shell registers it)."""
         prepare(self.pickle_library)
         self.handle = handle
-        self.blob = handle.getValueState(
-            "beam", "blob binary, event long, processing long, hold long")
+        self.blob = blob
         self.layout = CheckpointLayout(self.checkpoint)
         self.clock = OffsetLogClock(self.layout)
         self.hold_store = FileHoldStore(self.layout)
@@ -177,8 +181,8 @@ class GroupByKeyProcessor(_KeyedProcessor):
         self.output_tag = output_tag
         self.hold_label = hold_label  # set when its panes may be timestamped before window end
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        super().init(handle)
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        super().bind(handle, blob)
         self.grouper = grouper(self.grouping, self.components)
 
     def close(self) -> None:
@@ -206,8 +210,8 @@ class _PerKeyStageProcessor(_KeyedProcessor):
         super().__init__(task.spec.pickle_library, checkpoint, holds)
         self.task = task
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        super().init(handle)
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        super().bind(handle, blob)
         self.failed = False
 
     def _take_infos(self) -> list[Any]:
@@ -227,8 +231,8 @@ class StatefulStageProcessor(_PerKeyStageProcessor):
     """A stage with a stateful DoFn: the key's elements and due timers through the SDK's bundle
     processor, its user state and timers in the blob (`stateful.py`)."""
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        super().init(handle)
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        super().bind(handle, blob)
         self.key_stage = KeyStage(self.task.spec)
 
     def _take_infos(self) -> list[Any]:
@@ -279,8 +283,8 @@ class SideInputStageProcessor(_KeyedProcessor):
         self.task = task
         self.sides = sides
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        super().init(handle)
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        super().bind(handle, blob)
         ctx = pipeline_context(self.task.spec.components)
         stage = self.task.spec.stage
         self.readiness = SideReadiness(
@@ -341,8 +345,8 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
     far as they can every micro-batch, their residuals wait in the blob (`splittable.py`), and
     the earliest watermark they report is this stage's hold for the stages downstream."""
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        super().init(handle)
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        super().bind(handle, blob)
         self.key_stage = SplittableKey(self.task.spec)
 
     def _take_infos(self) -> list[Any]:

@@ -36,6 +36,7 @@ from sparkbeam.streaming.operators import (
 )
 from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
+from sparkbeam.streaming.shell import ProcessorShell
 from sparkbeam.streaming.splittable import spread_endpoints
 
 _LOG = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
                                                 splan.holds_of([inp.buffer_id]),
                                                 label if label in splan.holding else None)
                 frame = frame.groupBy("key").transformWithState(
-                    processor, ROW_SCHEMA, "Append", "ProcessingTime")
+                    ProcessorShell(processor), ROW_SCHEMA, "Append", "ProcessingTime")
             inputs.append(frame)
         if not inputs:
             continue  # nothing ever reaches this stage
@@ -139,7 +140,8 @@ def _waiting_for_sides(frame: DataFrame, task: StageTask, stage: Stage, splan: S
                        settings: StreamingSettings) -> DataFrame:
     # Main-input elements wait for their side inputs in the state of a spread key.
     return _spread(frame, settings).transformWithState(
-        SideInputStageProcessor(task, splan.sides[stage.label], settings.checkpoint_dir),
+        ProcessorShell(SideInputStageProcessor(task, splan.sides[stage.label],
+                                               settings.checkpoint_dir)),
         ROW_SCHEMA, "Append", "ProcessingTime")
 
 
@@ -147,8 +149,8 @@ def _splittable(frame: DataFrame, task: StageTask, stage: Stage, splan: Streamin
                 settings: StreamingSettings) -> DataFrame:
     # Restrictions and their residuals live in the state of a spread key.
     return _spread(frame, settings).transformWithState(
-        SplittableStageProcessor(task, settings.checkpoint_dir,
-                                 splan.holds_of([i.buffer_id for i in stage.inputs])),
+        ProcessorShell(SplittableStageProcessor(
+            task, settings.checkpoint_dir, splan.holds_of([i.buffer_id for i in stage.inputs]))),
         ROW_SCHEMA, "Append", "ProcessingTime")
 
 
@@ -156,8 +158,8 @@ def _stateful(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingP
               settings: StreamingSettings) -> DataFrame:
     # User state and timers: the stage runs per key in transformWithState.
     return frame.groupBy("key").transformWithState(
-        StatefulStageProcessor(task, settings.checkpoint_dir,
-                               splan.holds_of([i.buffer_id for i in stage.inputs])),
+        ProcessorShell(StatefulStageProcessor(
+            task, settings.checkpoint_dir, splan.holds_of([i.buffer_id for i in stage.inputs]))),
         ROW_SCHEMA, "Append", "ProcessingTime")
 
 

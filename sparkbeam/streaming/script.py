@@ -19,10 +19,11 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
-
-MIN_MICROS = MIN_TIMESTAMP.micros
-MAX_MICROS = MAX_TIMESTAMP.micros
+# Beam's MIN_TIMESTAMP and MAX_TIMESTAMP in micros (a unit test holds them equal). Written out,
+# not imported: this module runs in the Python process Spark starts per streaming query to plan
+# the source's batches, where importing apache_beam would cost a second on every query's start.
+MIN_MICROS = -9223372036854775000
+MAX_MICROS = 9223372036854775000
 
 Row = tuple[int, bytes | None, bytes]  # (buffer number, encoded key or None, encoded element)
 

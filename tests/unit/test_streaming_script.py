@@ -24,7 +24,50 @@ def row(n: int) -> tuple[int, bytes | None, bytes]:
 
 
 def test_micro_bounds_are_beams() -> None:
-    assert MIN_MICROS < 0 < MAX_MICROS
+    from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+    assert MIN_TIMESTAMP.micros == MIN_MICROS
+    assert MAX_TIMESTAMP.micros == MAX_MICROS
+
+
+def test_what_spark_unpickles_to_plan_a_query_imports_no_beam() -> None:
+    """Spark starts a Python process per streaming query to plan its source's batches, and one
+    per transformWithState operator to learn its state: they unpickle the source's script and
+    the operator's processor shell, call `init` and `close`, and must not load apache_beam
+    (~1 s each, on every query's start)."""
+    import base64
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    from sparkbeam.streaming.beam_source import encode
+    from sparkbeam.streaming.operators import GroupByKeyProcessor
+    from sparkbeam.streaming.shell import ProcessorShell
+
+    script = encode(Script((Endpoint("ts", (Item(rows=(row(1),), watermark=5),)),)))
+    shell = base64.b64encode(cloudpickle.dumps(
+        ProcessorShell(GroupByKeyProcessor.__new__(GroupByKeyProcessor)))).decode()
+    probe = f"""
+import base64, pickle, sys
+from pyspark import cloudpickle
+from sparkbeam.streaming.beam_source import BeamSource
+source = BeamSource({{"script": {script!r}}})
+reader = source.streamReader(None)
+assert reader.initialOffset() is not None
+class Handle:
+    def getValueState(self, name, schema):
+        return (name, schema)
+shell = cloudpickle.loads(base64.b64decode({shell!r}))
+shell.init(Handle())
+shell.close()
+assert shell.blob[0] == "beam"
+print(sorted(m for m in sys.modules if m.split(".")[0] == "apache_beam"))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
 
 
 def test_endpoint_watermark_is_max_of_items_read_then_final() -> None:
