@@ -13,11 +13,13 @@ unbounded restriction).
 
 Under a work budget each spread key is an endpoint of the source (`beam_source.py`) with a
 share per micro-batch (items, bytes of the stage's output). Its restrictions then run one per
-bundle, and when a bundle's output reaches what is left of the share the runner checkpoints the
-restriction in progress (`StageRun.run_capped`, a split at fraction 0): the SDK stops it after
-the element just output and hands back the rest as a residual, due the next batch. Restrictions
-not started for want of budget wait the same way; an unstarted restriction holds the watermark
-at its start. A key stopped by the budget counts the time to its next batch as throttle time.
+bundle, each with an even part of the key's share (what one does not use goes to the others),
+and when a bundle's output reaches its part the runner checkpoints the restriction in progress
+(`StageRun.run_capped`, a split at fraction 0): the SDK stops it after the element just output
+and hands back the rest as a residual, run again while the key's share lasts, else due the next
+batch. Restrictions not started for want of budget wait the same way; an unstarted restriction
+holds the watermark at its start. A key stopped by the budget counts the time to its next
+batch as throttle time.
 """
 from __future__ import annotations
 
@@ -99,34 +101,46 @@ class SplittableKey:
 
     def _run_budgeted(self, run: StageRun, work: list[Work], budget: tuple[int, int]
                       ) -> tuple[list[OutRow], list[Work], bool]:
-        """Runs `work` one restriction per bundle until the budget is spent; (rows, the work
-        not started, whether the budget stopped the key)."""
+        """Runs `work` one restriction per bundle, the key's budget shared evenly over its
+        restrictions (a Kafka partition each, for a Kafka read): each round gives every
+        restriction still going an even share of what is left, a restriction that outputs
+        less leaves the rest to the next round, and rounds go on while budget and checkpointed
+        restrictions remain. (rows, the work left, whether the budget stopped the key)."""
         items, size = budget
         out: list[OutRow] = []
-        for i, (n, element, mark) in enumerate(work):
+        while work:
             if items <= 0 or size <= 0:
-                return out, work[i:], True
+                return out, work, True
             resent: list[Work] = []
+            spent = 0
+            for i, (n, element, mark) in enumerate(work):
+                ways = len(work) - i  # ceil: the shares of a round add up to what is left
+                share_items, share_size = -(-items // ways), -(-size // ways)
+                if share_items <= 0 or share_size <= 0:
+                    resent.extend(work[i:])
+                    break
 
-            def checkpoint(n: int = n, element: bytes = element, mark: int = mark,
-                           resent: list[Work] = resent) -> None:
-                outcome = run.checkpoint()
-                if outcome is None:
-                    return  # not splittable here: the restriction runs on past its share
-                for reschedule in outcome.reschedules:
-                    app = reschedule.application
-                    resent.append((self.program.route(app), app.element,
-                                   residual_watermark(app)))
-                for resend in outcome.resends:  # the element itself was not started
-                    resent.extend((n, e, mark)
-                                  for e in [element][resend.first_element:resend.last_element + 1])
+                def checkpoint(n: int = n, element: bytes = element, mark: int = mark,
+                               resent: list[Work] = resent) -> None:
+                    outcome = run.checkpoint()
+                    if outcome is None:
+                        return  # not splittable here: the restriction runs on past its share
+                    for reschedule in outcome.reschedules:
+                        app = reschedule.application
+                        resent.append((self.program.route(app), app.element,
+                                       residual_watermark(app)))
+                    for resend in outcome.resends:  # the element itself was not started
+                        resent.extend((n, e, mark) for e in
+                                      [element][resend.first_element:resend.last_element + 1])
 
-            rows, taken_items, taken_bytes = run.run_capped({n: [element]}, items, size,
-                                                            checkpoint)
-            out.extend(rows)
-            items, size = items - taken_items, size - taken_bytes
-            if resent:
-                return out, resent + work[i + 1:], True
+                rows, taken_items, taken_bytes = run.run_capped(
+                    {n: [element]}, share_items, share_size, checkpoint)
+                out.extend(rows)
+                items, size = items - taken_items, size - taken_bytes
+                spent += taken_items
+            if not spent:  # nothing moved: what is left waits for the next batch
+                return out, resent, bool(resent)
+            work = resent
         return out, [], False
 
     def take_infos(self) -> list[Any]:

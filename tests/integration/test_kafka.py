@@ -5,6 +5,7 @@ and an unreachable broker is a clear error naming bootstrap.servers."""
 from __future__ import annotations
 
 import collections
+import os
 import re
 import time
 import uuid
@@ -97,6 +98,84 @@ def test_the_record_budget_is_shared_evenly_over_the_partitions_that_hold_record
     # Partition 0 holds 10 of its 100: its 90 go evenly to the others.
     assert run_and_collect(build, SparkRunner()) == [repr((0, 10))] + [
         repr((p, 130)) for p in (1, 2, 3)]
+
+
+class _RecordBatch(beam.DoFn):
+    """Appends (partition, micro-batch) of each record to a file of its own per bundle."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def start_bundle(self) -> None:
+        self.lines: list[str] = []
+
+    def process(self, record):  # type: ignore[no-untyped-def]
+        from pyspark import TaskContext
+
+        batch = int(TaskContext.get().getLocalProperty("streaming.sql.batchId"))
+        self.lines.append(f"{record.partition} {batch}\n")
+        yield record
+
+    def finish_bundle(self) -> None:
+        if self.lines:
+            with open(os.path.join(self.directory, uuid.uuid4().hex), "w") as f:
+                f.writelines(self.lines)
+
+
+def _batches_read(directory: str) -> dict[int, collections.Counter]:
+    """micro-batch -> records read per partition."""
+    per_batch: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name)) as f:
+            for line in f:
+                partition, batch = map(int, line.split())
+                per_batch[batch][partition] += 1
+    return per_batch
+
+
+def test_a_streaming_read_shares_each_micro_batch_budget_evenly_over_its_partitions(
+        kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """4 partitions, --max_items_per_batch=1000: no micro-batch reads more than 1,000 records,
+    and in each the partitions that still hold records read even shares (partition 0, with
+    40, gives what it does not use to the others); every record once."""
+    topic = _topic(kafka, 4)
+    _produce(kafka, topic, [(0, None, b"x", 1) for _ in range(40)]
+             + [(p, None, b"y", 1) for p in (1, 2, 3) for _ in range(600)])
+    directory = tmp_path / "read"
+    directory.mkdir()
+    p = beam.Pipeline(runner=SparkRunner(), options=beam.options.pipeline_options.PipelineOptions(
+        [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--parallelism=1",
+         "--max_items_per_batch=1000"]))
+    _ = (p | ReadFromKafka(_config(kafka), [topic], with_metadata=True,
+                           consumer_polling_timeout=0.5)
+         | beam.ParDo(_RecordBatch(str(directory))))
+    result = p.run()
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if sum(sum(c.values()) for c in _batches_read(str(directory)).values()) >= 1840:
+                break
+            time.sleep(1)
+    finally:
+        result.drain()
+    assert result.wait_until_finish(120_000) == PipelineState.DRAINED
+    per_batch = _batches_read(str(directory))
+    total: collections.Counter = collections.Counter()
+    for counts in per_batch.values():
+        total.update(counts)
+    assert total == {0: 40, 1: 600, 2: 600, 3: 600}
+    assert max(sum(c.values()) for c in per_batch.values()) <= 1000, per_batch
+    # In every batch before their last, partitions 1-3 read within one record of each other
+    # (before this, the first restriction of a key took all the key's share).
+    read: collections.Counter = collections.Counter()
+    shared = 0
+    for batch in sorted(per_batch):
+        read.update(per_batch[batch])
+        if all(read[q] < 600 for q in (1, 2, 3)):
+            big = [per_batch[batch][q] for q in (1, 2, 3)]
+            assert min(big) > 0 and max(big) - min(big) <= 1, per_batch
+            shared += 1
+    assert shared >= 1, per_batch
 
 
 def test_kafka_to_windowed_count_to_kafka_streams_by_itself_and_drains(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
