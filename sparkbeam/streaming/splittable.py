@@ -102,23 +102,29 @@ class SplittableKey:
     def _run_budgeted(self, run: StageRun, work: list[Work], budget: tuple[int, int]
                       ) -> tuple[list[OutRow], list[Work], bool]:
         """Runs `work` one restriction per bundle, the key's budget shared evenly over its
-        restrictions (a Kafka partition each, for a Kafka read): each round gives every
-        restriction still going an even share of what is left, a restriction that outputs
-        less leaves the rest to the next round, and rounds go on while budget and checkpointed
-        restrictions remain. (rows, the work left, whether the budget stopped the key)."""
+        restrictions (a Kafka partition each, for a Kafka read), in rounds: each round gives
+        the restrictions still going what is left so that what each has output this batch
+        stays as even as it can (`even_parts`); what one does not use goes to the next round,
+        where the restrictions checkpointed at their part run again; rounds go on while budget
+        and such restrictions remain. (rows, the work left, whether the budget stopped the
+        key)."""
         items, size = budget
         out: list[OutRow] = []
+        got = [0] * len(work)  # items each restriction has output this batch
         while work:
             if items <= 0 or size <= 0:
                 return out, work, True
+            parts = even_parts(items, got)
+            part_size = -(-size // len(work))  # bytes: an even cap, not levelled
             resent: list[Work] = []
+            resent_got: list[int] = []
             spent = 0
-            for i, (n, element, mark) in enumerate(work):
-                ways = len(work) - i  # ceil: the shares of a round add up to what is left
-                share_items, share_size = -(-items // ways), -(-size // ways)
-                if share_items <= 0 or share_size <= 0:
-                    resent.extend(work[i:])
-                    break
+            for (n, element, mark), part, had in zip(work, parts, got, strict=True):
+                if part <= 0 or items <= 0 or size <= 0:  # not started: waits as it is
+                    resent.append((n, element, mark))
+                    resent_got.append(had)
+                    continue
+                before = len(resent)
 
                 def checkpoint(n: int = n, element: bytes = element, mark: int = mark,
                                resent: list[Work] = resent) -> None:
@@ -134,13 +140,14 @@ class SplittableKey:
                                       [element][resend.first_element:resend.last_element + 1])
 
                 rows, taken_items, taken_bytes = run.run_capped(
-                    {n: [element]}, share_items, share_size, checkpoint)
+                    {n: [element]}, min(part, items), min(part_size, size), checkpoint)
                 out.extend(rows)
                 items, size = items - taken_items, size - taken_bytes
                 spent += taken_items
-            if not spent:  # nothing moved: what is left waits for the next batch
+                resent_got.extend([had + taken_items] * (len(resent) - before))
+            if not spent and len(resent) == len(work):  # nothing moved: wait for next batch
                 return out, resent, bool(resent)
-            work = resent
+            work, got = resent, resent_got
         return out, [], False
 
     def take_infos(self) -> list[Any]:
@@ -154,6 +161,22 @@ class SplittableKey:
                 ptransform=self.step_name))
             self.throttle_micros = 0
         return infos
+
+
+def even_parts(items: int, got: list[int]) -> list[int]:
+    """Parts of `items` for restrictions that have output `got` so far, such that the totals
+    (got + part) are as even as they can be (max-min fair: those already above the level get
+    nothing; the remainder goes one each to those with the least)."""
+    pool = sorted(range(len(got)), key=lambda i: got[i])
+    while True:
+        level, extra = divmod(items + sum(got[i] for i in pool), len(pool))
+        if got[pool[-1]] <= level:
+            break
+        pool.pop()
+    parts = [0] * len(got)
+    for rank, i in enumerate(pool):
+        parts[i] = level - got[i] + (1 if rank < extra else 0)
+    return parts
 
 
 def spread_endpoint(label: str, key: bytes) -> str:
