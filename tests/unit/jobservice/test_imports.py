@@ -35,8 +35,8 @@ def test_no_module_names_a_forbidden_import(path: Path) -> None:
 
 
 def test_importing_the_job_service_loads_no_executor_or_pyspark() -> None:
-    # `import sparkbeam` itself loads sparkbeam.runner (the package's __init__); what matters is
-    # that the job service adds neither the executor nor pyspark on top.
+    # `import sparkbeam` loads its runner only on first use; what matters is that the job
+    # service itself loads neither the executor nor pyspark.
     modules = [f"sparkbeam.jobservice.{p.stem}" for p in sorted(PACKAGE.glob("*.py"))
                if p.stem != "__init__"]
     code = (
