@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import Row
-from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming import StatefulProcessorHandle
 
 from sparkbeam.engine.arrow import rows_of, to_arrow_batches
 from sparkbeam.engine.context import pipeline_context, prepare
@@ -36,7 +36,6 @@ from sparkbeam.streaming.checkpoint import (
     write_side_file,
 )
 from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, load_state, pending_of
-from sparkbeam.streaming.shell import BLOB_STATE
 from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, Pending, RunnerTime
 from sparkbeam.streaming.sides import SideReadiness, StreamingSide, values_of
 from sparkbeam.streaming.splittable import SplittableKey, spread_endpoint
@@ -67,9 +66,10 @@ class StageTask:
         )
 
 
-class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
+class _KeyedProcessor:
     """One blob of Beam state per key, one Spark wake-up timer while Beam timers are pending,
-    the runner's time from the offset log.
+    the runner's time from the offset log; Spark runs it inside a `shell.ProcessorShell`,
+    which registers the blob's state and calls `bind`.
 
     Beside the blob the key keeps what it waits for (`script.Pending`). While it waits, one
     Spark timer a millisecond after the batch wakes it next batch; a woken key with nothing due
@@ -82,9 +82,6 @@ class _KeyedProcessor(StatefulProcessor):  # type: ignore[misc]
         self.checkpoint = checkpoint
         # Holding stages upstream (`watermarks.holds_back`): they bound the watermark.
         self.holds = holds
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.bind(handle, handle.getValueState(*BLOB_STATE))
 
     def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
         """Ready for keys, with the key's blob state `blob` (the shell registers it)."""
