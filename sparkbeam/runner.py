@@ -45,7 +45,7 @@ from sparkbeam.plan.check import (
 )
 from sparkbeam.plan.fingerprint import dumps, pipeline_fingerprint
 from sparkbeam.plan.fuse import plan_pipeline
-from sparkbeam.plan.native_text import plan_batch
+from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.validate import check_structure
 from sparkbeam.progress_watch import ProgressWatch, terminal_attached
@@ -486,6 +486,13 @@ class SparkRunner(PipelineRunner):
         )
         proto = pipeline.to_runner_api(default_environment=_default_environment(options))
         return self.run_portable_pipeline(proto, options)
+
+    def spark_session(self, options: pipeline_options.PipelineOptions) -> Any:
+        """The SparkSession a pipeline with `options` runs on (started now if none is): a
+        `ReadFromSpark` asks for it to learn its query's schema as the pipeline is built."""
+        from sparkbeam.execute.session import get_session
+
+        return get_session(options.view_as(SparkOptions))
 
     def run_portable_pipeline(self, proto, options):  # type: ignore[no-untyped-def, override]
         plan = prepare(proto, options, is_drain=self._is_drain)

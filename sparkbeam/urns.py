@@ -17,6 +17,8 @@ DATA_OUTPUT = bundle_processor.DATA_OUTPUT_URN
 SIDE_ITERABLE = common_urns.side_inputs.ITERABLE.urn
 SIDE_MULTIMAP = common_urns.side_inputs.MULTIMAP.urn
 
+# A WriteToSpark composite (`io/spark.py`): sparkbeam writes its input with Spark itself.
+WRITE_TO_SPARK = "sparkbeam:transform:write_to_spark:v1"
 SPLITTABLE_PROCESS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 
 # Requirements a pipeline may declare and that we honour.

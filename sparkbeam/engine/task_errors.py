@@ -46,9 +46,10 @@ def parse_error_payload(text: str) -> dict[str, str] | None:
     return json.loads(base64.b64decode(match.group(1)))
 
 
-def stage_error(stage: Stage | None, exc: BaseException) -> Exception:
+def stage_error(stage: Stage | None, exc: BaseException, writing: str = "") -> Exception:
     """The error a Spark action failed with, as ours: the user's code (with its traceback),
-    an SDK worker, or Spark itself failing while running `stage` (None: the job)."""
+    an SDK worker, or Spark itself failing while running `stage` (None: the job), or while
+    the transform `writing` (a WriteToSpark) writes."""
     text = str(exc)
     payload = parse_error_payload(text)
     if payload is not None and payload.get("kind") == "worker":
@@ -65,5 +66,6 @@ def stage_error(stage: Stage | None, exc: BaseException) -> Exception:
         )
     lines = [ln for ln in text.splitlines() if ln.strip()]
     summary = "\n".join(lines[:3] + (["..."] if len(lines) > 6 else []) + lines[-3:])
-    where = stage.display if stage is not None else "the job"
+    where = (f"{writing} (Spark's write)" if writing
+             else stage.display if stage is not None else "the job")
     return ExecutionError(f"Spark failed while running {where}: {type(exc).__name__}: {summary}")

@@ -83,6 +83,39 @@ class Datasets:
             F.concat(F.lit(bytearray(prefix)).cast("binary"), _varint("octet_length(line)"),
                      F.col("line")).alias("value"))
 
+    def encode_rows(self, df: DataFrame,
+                    encoder: Callable[[], Callable[[pa.RecordBatch], list[bytes]]],
+                    name: str = "") -> DataFrame:
+        """Any DataFrame's rows as a buffer: in each task, `encoder()` makes the function
+        that turns an Arrow batch of them into encoded elements."""
+
+        def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            convert = encoder()
+            for batch in batches:
+                values = pa.array(convert(batch), pa.binary())
+                yield pa.RecordBatch.from_arrays([pa.nulls(len(values), pa.binary()), values],
+                                                 names=["key", "value"])
+
+        if name:
+            encode.__name__ = encode.__qualname__ = _ui_name(name)
+        return df.mapInArrow(encode, "key binary, value binary")
+
+    def decode_rows(self, df: DataFrame,
+                    decoder: Callable[[], Callable[[list[bytes]], pa.RecordBatch]],
+                    schema: T.StructType, name: str = "") -> DataFrame:
+        """A buffer's elements as rows of `schema`: in each task, `decoder()` makes the
+        function that turns a list of encoded elements into an Arrow batch of them."""
+
+        def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            convert = decoder()
+            for batch in batches:
+                if batch.num_rows:
+                    yield convert(batch.column(0).to_pylist())
+
+        if name:
+            decode.__name__ = decode.__qualname__ = _ui_name(name)
+        return df.select("value").mapInArrow(decode, schema)
+
     def file_partitions(self, total_bytes: int, files: int) -> int:
         """About how many tasks Spark's file source makes of `files` files: its split size
         is at most spark.sql.files.maxPartitionBytes (128 MB), about an even share per core

@@ -19,6 +19,7 @@ from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.engine.task_errors import stage_error
 from sparkbeam.errors import ExecutionError, JobCancelledError
 from sparkbeam.execute.dataset import Datasets
+from sparkbeam.execute.spark_io import read_buffer, write_buffer
 from sparkbeam.options import DEFAULT_BUNDLE_SIZE, PLAIN_BUNDLE_SIZE
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
 
@@ -108,7 +109,8 @@ class Executor:
         unless given)."""
         run = _Run(plan, job_id, progress, cancelled, pipeline_context(plan.components),
                    # Over Connect this process is a client, not Spark's driver.
-                   on_driver=set() if self.ds.connect else driver_stages(plan.stages))
+                   on_driver=set() if self.ds.connect else driver_stages(
+                       plan.stages, exported={op.buffer_id for op in plan.spark_writes}))
         try:
             with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"):
                 for stage in plan.stages:
@@ -123,6 +125,14 @@ class Executor:
                     else:
                         log(f"planning {stage.display}")
                         self._declare_stage(run, spec, side)
+                for op in plan.spark_writes:
+                    if cancelled.is_set():
+                        raise JobCancelledError(f"{job_id} was cancelled before {op.transform}")
+                    target, write = write_buffer(self.ds, op, run.buffers.get(op.buffer_id, []),
+                                                 plan.components)
+                    log(f"{op.transform}: writing to {target.describe()}")
+                    self.ds.describe(f"{job_id}: {op.transform} writes to {target.describe()}")
+                    self._act(write, None, run, op.transform)
                 if run.pending:
                     log(f"running {len(run.pending)} stage(s)")
                     self.ds.describe(f"{job_id}: run stages, gather metrics")
@@ -131,14 +141,16 @@ class Executor:
             for df in run.outputs:
                 self.ds.release(df)
 
-    def _act(self, action: Callable[[], Any], stage: Stage | None, run: _Run) -> Any:
-        """Runs a Spark action; a failure names the stage whose task failed."""
+    def _act(self, action: Callable[[], Any], stage: Stage | None, run: _Run,
+             writing: str = "") -> Any:
+        """Runs a Spark action; a failure names the stage whose task failed (or the
+        WriteToSpark, `writing`, whose write did)."""
         try:
             return action()
         except Exception as exc:  # noqa: BLE001 - Py4J/Spark errors are mapped below
             if run.cancelled.is_set():
                 raise JobCancelledError(f"{run.job_id} was cancelled while running") from None
-            raise stage_error(stage, exc) from None
+            raise stage_error(stage, exc, writing) from None
 
     def _gather(self, run: _Run, sides: list[Any], stage: Stage | None) -> list[list[bytes]]:
         """One action: the side-input buffers' values, and the metric rows of every stage
@@ -212,6 +224,10 @@ class Executor:
             if inp.buffer_id == IMPULSE_BUFFER:
                 df = self.ds.impulse(ENCODED_IMPULSE_VALUE)
                 partitions += 1
+            elif inp.buffer_id in run.plan.spark_reads:
+                df = read_buffer(self.ds, run.plan.spark_reads[inp.buffer_id], inp.coder_id,
+                                 run.plan.components)
+                partitions += self.ds.parallelism  # a guess: the query decides
             elif inp.buffer_id in run.plan.text_reads:
                 read = run.plan.text_reads[inp.buffer_id]
                 df = self.ds.text_lines(list(read.files), read.prefix)

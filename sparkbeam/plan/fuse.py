@@ -93,15 +93,17 @@ def plan_pipeline(
     pickle_library: str = "default",
     is_drain: bool = False,
     streaming: bool = False,
+    runner_urns: frozenset[str] = frozenset(),
 ) -> Plan:
-    """Fuses `proto` into stages and describes each for the executor."""
+    """Fuses `proto` into stages and describes each for the executor; `runner_urns` are
+    leaves the runner executes besides Flatten and GroupByKey (each gets a stage of its own)."""
     try:
         context, stages = translations.create_and_optimize_stages(
             copy.deepcopy(proto),
             phases=STREAMING_PHASES if streaming else PHASES,
             known_runner_urns=frozenset(
                 [urns.FLATTEN, urns.GROUP_BY_KEY] + ([urns.TEST_STREAM] if streaming else [])
-            ),
+            ) | runner_urns,
             is_drain=is_drain,
         )
     except Exception as exc:

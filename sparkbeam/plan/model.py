@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
+from sparkbeam.plan.native_spark import SparkRead, SparkWriteOp
 from sparkbeam.plan.native_text import TextRead
 
 IMPULSE_BUFFER = b"impulse"
@@ -133,6 +134,9 @@ class Plan:
     # Batch: buffers Spark makes by itself (`plan/native_text.py`), and which path each
     # translatable transform took and why, one line each.
     text_reads: dict[bytes, TextRead] = field(default_factory=dict)
+    # ReadFromSpark's queries by buffer, and WriteToSpark's writes of buffers (`native_spark.py`).
+    spark_reads: dict[bytes, SparkRead] = field(default_factory=dict)
+    spark_writes: tuple[SparkWriteOp, ...] = ()
     decisions: tuple[str, ...] = ()
 
 

@@ -28,19 +28,15 @@ either way.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from sparkbeam import urns
-
-if TYPE_CHECKING:
-    from sparkbeam.plan.model import Plan
+from sparkbeam.plan.native_spark import as_leaf
 
 TEXT_BUFFER_PREFIX = b"spark-text:"
 _READ = common_urns.deprecated_primitives.READ.urn
@@ -103,7 +99,7 @@ def translate_text_reads(
         if out is proto:
             out = copy.deepcopy(proto)
         buffer_id = TEXT_BUFFER_PREFIX + tid.encode()
-        _as_data_input(out.components, tid, buffer_id)
+        as_leaf(out.components, tid, urns.DATA_INPUT, buffer_id)
         sizes = [size for _, size in files]
         reads[buffer_id] = TextRead(name, buffer_id, tuple(p for p, _ in files), sum(sizes))
         decisions.append(Decision(name, True, f"{len(files)} file(s), {sum(sizes):,} bytes"))
@@ -208,24 +204,6 @@ def _file_problem(path: str, size: int) -> str:
     return ""
 
 
-def _as_data_input(
-    comps: beam_runner_api_pb2.Components, tid: str, buffer_id: bytes
-) -> None:
-    """The `Read` becomes a leaf reading `buffer_id`; its expansion leaves the pipeline."""
-    transform = comps.transforms[tid]
-    stack = list(transform.subtransforms)
-    while stack:
-        sub = comps.transforms.pop(stack.pop(), None)
-        if sub is not None:
-            stack.extend(sub.subtransforms)
-            for pcoll in sub.outputs.values():
-                if pcoll not in transform.outputs.values():
-                    comps.pcollections.pop(pcoll, None)
-    del transform.subtransforms[:]
-    transform.spec.CopyFrom(beam_runner_api_pb2.FunctionSpec(urn=urns.DATA_INPUT,
-                                                              payload=buffer_id))
-
-
 def varint(n: int) -> bytes:
     """Beam's variable-length encoding of a non-negative int."""
     out = bytearray()
@@ -256,38 +234,3 @@ def wire_prefix(coder_impl: object) -> bytes | None:
         if encode(text) != prefix + varint(len(data)) + data:
             return None
     return prefix
-
-
-def plan_batch(
-    proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default",
-    is_drain: bool = False, native: bool = True,
-) -> Plan:
-    """The batch plan of `proto`, its text reads done by Spark where they read Beam's lines
-    exactly (`native`), else by Beam's reader; `Plan.decisions` says which and why."""
-    from apache_beam.runners.pipeline_context import PipelineContext
-
-    from sparkbeam.plan.fuse import plan_pipeline
-
-    skip: list[str] = []
-    while True:
-        rewritten, reads, decisions = (translate_text_reads(proto, skip) if native
-                                       else (proto, {}, []))
-        plan = plan_pipeline(rewritten, pickle_library=pickle_library, is_drain=is_drain)
-        if not reads:
-            break
-        ctx = PipelineContext(beam_runner_api_pb2.Components.FromString(plan.components))
-        odd = []
-        for stage in plan.stages:
-            for inp in stage.inputs:
-                if inp.buffer_id in reads:
-                    prefix = wire_prefix(ctx.coders[inp.coder_id].get_impl())
-                    if prefix is None:
-                        odd.append(reads[inp.buffer_id].transform)
-                    else:
-                        reads[inp.buffer_id] = dataclasses.replace(
-                            reads[inp.buffer_id], prefix=prefix)
-        if not odd:
-            break
-        skip.extend(odd)  # rare: planned again with those reads left to Beam
-    return dataclasses.replace(plan, text_reads=reads,
-                               decisions=tuple(str(d) for d in decisions))

@@ -12,9 +12,9 @@ from apache_beam.runners.pipeline_context import PipelineContext
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.native_text import (
     TEXT_BUFFER_PREFIX,
-    plan_batch,
     translate_text_reads,
     varint,
     wire_prefix,

@@ -1,0 +1,74 @@
+"""The batch plan: Beam's fusion with the native translations around it.
+
+Text reads go to Spark's text source where that reads Beam's lines exactly (`native_text.py`,
+`--spark_native`); ReadFromSpark and WriteToSpark always become parts of the Spark plan
+(`native_spark.py`): their expansions would start a SparkSession inside a Spark task.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from sparkbeam import urns
+from sparkbeam.errors import PlanningError
+from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.plan.model import Plan, Stage
+from sparkbeam.plan.native_spark import SparkWriteOp, translate_spark_io
+from sparkbeam.plan.native_text import translate_text_reads, wire_prefix
+
+
+def plan_batch(
+    proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default",
+    is_drain: bool = False, native: bool = True,
+) -> Plan:
+    """The batch plan of `proto`, its text reads done by Spark where they read Beam's lines
+    exactly (`native`), else by Beam's reader; `Plan.decisions` says which and why."""
+    from apache_beam.runners.pipeline_context import PipelineContext
+
+    proto, spark_reads, spark_writes, spark_decisions = translate_spark_io(proto)
+    skip: list[str] = []
+    while True:
+        rewritten, reads, decisions = (translate_text_reads(proto, skip) if native
+                                       else (proto, {}, []))
+        plan = plan_pipeline(rewritten, pickle_library=pickle_library, is_drain=is_drain,
+                             runner_urns=frozenset([urns.WRITE_TO_SPARK]))
+        if not reads:
+            break
+        ctx = PipelineContext(beam_runner_api_pb2.Components.FromString(plan.components))
+        odd = []
+        for stage in plan.stages:
+            for inp in stage.inputs:
+                if inp.buffer_id in reads:
+                    prefix = wire_prefix(ctx.coders[inp.coder_id].get_impl())
+                    if prefix is None:
+                        odd.append(reads[inp.buffer_id].transform)
+                    else:
+                        reads[inp.buffer_id] = dataclasses.replace(
+                            reads[inp.buffer_id], prefix=prefix)
+        if not odd:
+            break
+        skip.extend(odd)  # rare: planned again with those reads left to Beam
+    stages, writes = _split_writes(plan, spark_writes)
+    return dataclasses.replace(
+        plan, stages=stages, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
+        decisions=tuple(spark_decisions) + tuple(str(d) for d in decisions))
+
+
+def _split_writes(
+    plan: Plan, names: dict[str, bytes],
+) -> tuple[tuple[Stage, ...], tuple[SparkWriteOp, ...]]:
+    """The plan's stages without those that only hold a WriteToSpark leaf (Beam's fusion gives
+    a runner-executed transform a stage of its own), and the writes they stood for."""
+    stages, writes = [], []
+    for stage in plan.stages:
+        written = [n for n in stage.transforms if n in names]
+        if not written:
+            stages.append(stage)
+            continue
+        if len(stage.transforms) != 1 or len(stage.inputs) != 1 or stage.outputs:
+            raise PlanningError(f"{stage.display}: a WriteToSpark was fused with other "
+                                "transforms")
+        inp = stage.inputs[0]
+        writes.append(SparkWriteOp(written[0], inp.buffer_id, inp.coder_id, names[written[0]]))
+    return tuple(stages), tuple(writes)

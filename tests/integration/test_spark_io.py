@@ -1,0 +1,212 @@
+"""ReadFromSpark and WriteToSpark: Spark's tables and data sources as Beam sources and sinks,
+on sparkbeam (part of the Spark plan) and on FnApiRunner (a SparkSession in the process that
+reads or writes), with the same results."""
+from __future__ import annotations
+
+import datetime
+import decimal
+import typing
+import uuid
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing import test_stream
+from apache_beam.utils.timestamp import Timestamp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import types as T
+
+from sparkbeam import SparkRunner
+from sparkbeam.errors import ExecutionError, UnsupportedFeatureError
+from sparkbeam.io import ReadFromSpark, UnsupportedSparkType, WriteToSpark
+from sparkbeam.runner import prepare
+
+SHAPES = {"default": [], "one-per-bundle": ["--bundle_size=1", "--parallelism=1"]}
+RUNNERS = {"sparkbeam": lambda: SparkRunner(), "fnapi": lambda: FnApiRunner()}
+
+ALL_TYPES = T.StructType([
+    T.StructField("id", T.LongType(), False),
+    T.StructField("small", T.ByteType()), T.StructField("short", T.ShortType()),
+    T.StructField("i", T.IntegerType()), T.StructField("f", T.FloatType()),
+    T.StructField("d", T.DoubleType()), T.StructField("ok", T.BooleanType()),
+    T.StructField("s", T.StringType()), T.StructField("b", T.BinaryType()),
+    T.StructField("price", T.DecimalType(12, 3)), T.StructField("at", T.TimestampType()),
+    T.StructField("day", T.DateType()),
+    T.StructField("tags", T.ArrayType(T.StringType())),
+    T.StructField("scores", T.MapType(T.StringType(), T.DoubleType())),
+    T.StructField("inner", T.StructType([
+        T.StructField("x", T.IntegerType()),
+        T.StructField("when", T.ArrayType(T.TimestampType()))])),
+])
+ALL_ROWS = [
+    (1, -128, -32768, -(2**31), 1.5, -0.0, True, "é\u2603", b"\x00\xff",
+     decimal.Decimal("-123456789.123"),
+     datetime.datetime(1969, 12, 31, 23, 59, 59, 999_999),
+     datetime.date(1, 1, 1), ["a", None, ""], {"k": None, "l": 2.5},
+     (7, [datetime.datetime(2024, 2, 29, 12, 0, 0, 1)])),
+    (2, None, None, None, None, None, None, None, None, None, None, None, [], {}, (None, [])),
+    (3, 127, 32767, 2**31 - 1, float("inf"), 1e308, False, "", b"", decimal.Decimal("0.001"),
+     datetime.datetime(9999, 12, 31, 23, 59, 59, 999_999), datetime.date(9999, 12, 31), None,
+     None, None),
+]
+
+
+def _path(tmp_path, name: str) -> str:
+    return str(tmp_path / f"{name}-{uuid.uuid4().hex[:8]}")
+
+
+def _run(build, runner, args: list[str] | None = None) -> None:  # type: ignore[no-untyped-def]
+    p = beam.Pipeline(runner=runner, options=PipelineOptions(args or []))
+    build(p)
+    p.run().wait_until_finish()
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_every_supported_type_round_trips_spark_to_beam_to_spark(spark, tmp_path,
+                                                                  runner: str) -> None:
+    source, out = _path(tmp_path, "in"), _path(tmp_path, "out")
+    original = spark.createDataFrame(ALL_ROWS, ALL_TYPES)
+    original.write.parquet(source)
+
+    def build(p):  # type: ignore[no-untyped-def]
+        _ = (p | ReadFromSpark(format="parquet", path=source)
+             | WriteToSpark(format="parquet", path=out))
+
+    _run(build, RUNNERS[runner]())
+    back = spark.read.parquet(out)
+    assert back.schema == spark.read.parquet(source).schema
+    assert sorted(back.collect()) == sorted(original.collect())
+
+
+_SALES = T.StructType([T.StructField("shop", T.StringType()),
+                       T.StructField("units", T.LongType(), False),
+                       T.StructField("price", T.DecimalType(10, 2)),
+                       T.StructField("at", T.TimestampType(), False)])
+_SALE = st.tuples(
+    st.sampled_from(["north", "south", "east", None]), st.integers(-(2**40), 2**40),
+    st.one_of(st.none(), st.decimals(-(10**7), 10**7, places=2, allow_nan=False,
+                                     allow_infinity=False)),
+    st.datetimes(datetime.datetime(1900, 1, 1), datetime.datetime(2100, 1, 1)))
+
+
+# The functional form: this module's annotations are strings, which Beam reads as Any.
+ShopTotal = typing.NamedTuple("ShopTotal", [  # noqa: UP014
+    ("shop", str), ("sales", int), ("units", int), ("last", Timestamp)])
+beam.coders.registry.register_coder(ShopTotal, beam.coders.RowCoder)
+
+
+def _per_shop(table: str, out: str):  # type: ignore[no-untyped-def]
+    def total(shop_rows):  # type: ignore[no-untyped-def]
+        shop, rows = shop_rows
+        rows = list(rows)
+        return ShopTotal(shop or "", len(rows), sum(r.units for r in rows),
+                         max(r.at for r in rows))
+
+    def build(p):  # type: ignore[no-untyped-def]
+        _ = (p | ReadFromSpark(table)
+             | beam.Map(lambda r: (r.shop, r)) | beam.GroupByKey()
+             | beam.Map(total).with_output_types(ShopTotal)
+             | WriteToSpark(format="json", path=out))
+    return build
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(sales=st.lists(_SALE, max_size=40))
+def test_a_table_transformed_by_beam_equals_fnapi_runners_result(spark, tmp_path, shape: str,
+                                                                sales: list[tuple]) -> None:
+    table = f"sales_{uuid.uuid4().hex[:8]}"
+    spark.createDataFrame(sales, _SALES).write.option(
+        "path", _path(tmp_path, table)).saveAsTable(table)
+    try:
+        outs = {}
+        for name, runner in (("sparkbeam", SparkRunner()), ("fnapi", FnApiRunner())):
+            outs[name] = _path(tmp_path, name)
+            _run(_per_shop(table, outs[name]), runner, SHAPES[shape] if name == "sparkbeam"
+                 else [])
+        got = {name: sorted(spark.read.json(path).collect()) for name, path in outs.items()}
+        assert got["sparkbeam"] == got["fnapi"]
+        assert sum(r.sales for r in got["sparkbeam"]) == len(sales)
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_a_query_is_read_and_the_write_modes_are_sparks(spark, tmp_path) -> None:
+    out = _path(tmp_path, "out")
+
+    def build(mode: str):  # type: ignore[no-untyped-def]
+        def inner(p):  # type: ignore[no-untyped-def]
+            _ = (p | ReadFromSpark(sql="SELECT id, CAST(id % 3 AS INT) AS k FROM range(100)")
+                 | beam.Filter(lambda r: r.k != 1)
+                 | "Save" >> WriteToSpark(format="json", path=out, mode=mode))
+        return inner
+
+    _run(build("error"), SparkRunner())
+    assert spark.read.json(out).count() == 67
+    with pytest.raises(ExecutionError, match=r"Save \(Spark's write\).*already exists"):
+        _run(build("error"), SparkRunner())
+    _run(build("append"), SparkRunner())
+    assert spark.read.json(out).count() == 134
+    _run(build("overwrite"), SparkRunner())
+    assert sorted(r.id for r in spark.read.json(out).collect()) == [
+        i for i in range(100) if i % 3 != 1]
+
+
+def test_the_plan_reads_and_writes_through_spark_and_says_so(tmp_path) -> None:
+    p = beam.Pipeline(options=PipelineOptions([]))
+    _ = (p | "Events" >> ReadFromSpark(sql="SELECT id FROM range(10)")
+         | "Even" >> beam.Filter(lambda r: r.id % 2 == 0)
+         | "Out" >> WriteToSpark(format="parquet", path=_path(tmp_path, "o")))
+    plan = prepare(p.to_runner_api(), p.options)
+    assert plan.decisions[:2] == (
+        "Events/Read: Spark reads SQL query 'SELECT id FROM range(10)' into the plan",
+        "Out: Spark writes the input's rows (no gathering)")
+    # One stage, the user's: the query is its input, the write reads its output.
+    assert [s.transforms for s in plan.stages] == [("Even",)]
+    assert [i.buffer_id for i in plan.stages[0].inputs] == list(plan.spark_reads)
+    assert [w.transform for w in plan.spark_writes] == ["Out"]
+
+
+def test_a_column_without_a_beam_type_is_refused_when_the_pipeline_is_built() -> None:
+    with pytest.raises(UnsupportedSparkType, match=r"ReadFromSpark of SQL query .*: column "
+                                                   r"'gap' has Spark type interval day"):
+        _ = beam.Pipeline() | ReadFromSpark(sql="SELECT INTERVAL '1' DAY AS gap, 1 AS n")
+
+
+def test_writing_rows_without_a_schema_is_refused_when_the_pipeline_is_built() -> None:
+    p = beam.Pipeline()
+    with pytest.raises(TypeError, match="WriteToSpark to table t needs a schema'd PCollection"):
+        _ = p | beam.Create([1, 2]) | WriteToSpark("t")
+
+
+def test_spark_reads_in_a_streaming_pipeline_are_refused_at_prepare(tmp_path) -> None:
+    p = beam.Pipeline(options=PipelineOptions([]))
+    rows = p | ReadFromSpark(sql="SELECT id FROM range(3)")
+    events = p | test_stream.TestStream().add_elements([1]).advance_watermark_to_infinity()
+    _ = ((rows | beam.Map(lambda r: r.id)), events) | beam.Flatten()
+    with pytest.raises(UnsupportedFeatureError,
+                       match="ReadFromSpark in a streaming pipeline.*ReadFromSpark/Read"):
+        prepare(p.to_runner_api(), p.options)
+
+
+def test_the_readme_example_runs_as_a_script(tmp_path) -> None:
+    import pathlib
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "spark_tables.py"
+    target = _path(tmp_path, "totals")
+    done = subprocess.run([sys.executable, str(script), "--target", target],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"shop totals written as Parquet to {target}" in done.stdout
+    # Its sample: 1,000 sales, shop by id % 3, units id % 7.
+    expected = {shop: sum(i % 7 for i in range(1000) if i % 3 == n)
+                for n, shop in enumerate(["north", "south", "east"])}
+    got = {r["shop"]: r["units"] for r in pq.read_table(target).to_pylist()}
+    assert got == expected
