@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import traceback
+import typing
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -198,9 +199,35 @@ def check_sparkbeam_shipped(args: list[str]) -> dict:
         return {"files": sorted(set(f.read().split()))}
 
 
+# At module level: Beam resolves the type hints of MapTuple(Total) in this module's globals.
+Total = typing.NamedTuple("Total", [("k", int), ("total", int)])  # noqa: UP014
+
+
+def check_spark_io(args: list[str]) -> dict:
+    """Parquet read by ReadFromSpark, summed per key by Beam, written by WriteToSpark as JSON,
+    all on the mode's session; the totals as Spark reads them back."""
+    import apache_beam as beam
+
+    from sparkbeam import SparkRunner
+    from sparkbeam.io import ReadFromSpark, WriteToSpark, spark_session
+
+    base = os.path.join(os.environ.get("SPARKBEAM_TEST_TMP", "/tmp"), f"spark-io-{os.getpid()}")
+    source, target = f"{base}-in", f"{base}-out"
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(args))
+    spark = spark_session(p)
+    spark.sql("SELECT CAST(id % 5 AS INT) AS k, id AS v FROM range(1000)").write.parquet(source)
+    beam.coders.registry.register_coder(Total, beam.coders.RowCoder)
+    _ = (p | ReadFromSpark(format="parquet", path=source)
+         | beam.Map(lambda r: (r.k, r.v)) | beam.CombinePerKey(sum)
+         | beam.MapTuple(Total).with_output_types(Total)
+         | WriteToSpark(format="json", path=target))
+    p.run().wait_until_finish()
+    return {"totals": sorted([r.k, r.total] for r in spark.read.json(target).collect())}
+
+
 CHECKS = {"check_user_error": check_user_error, "check_cancel": check_cancel,
           "check_metrics": check_metrics, "check_py_file": check_py_file,
-          "check_sparkbeam_shipped": check_sparkbeam_shipped}
+          "check_sparkbeam_shipped": check_sparkbeam_shipped, "check_spark_io": check_spark_io}
 
 
 def _summary(entry: dict) -> str:

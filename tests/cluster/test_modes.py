@@ -26,7 +26,7 @@ NAMES = [
     "text_io_round_trip",  # ReadFromText through Spark's text source, over Connect too
 ]
 CHECKS = ["check_user_error", "check_cancel", "check_metrics", "check_py_file",
-          "check_sparkbeam_shipped"]
+          "check_sparkbeam_shipped", "check_spark_io"]
 MODES = ["connect", "standalone"]
 
 
@@ -96,3 +96,9 @@ def test_executors_import_the_sparkbeam_the_job_shipped(
         assert files and not any(".zip" in f for f in files), files
         return
     assert files and all("/sparkbeam-" in f and ".zip/sparkbeam/" in f for f in files), files
+
+
+def test_spark_tables_are_read_and_written_by_the_modes_session(results: dict[str, dict]) -> None:
+    entry = results["check_spark_io"]
+    assert "error" not in entry, entry.get("error")
+    assert entry["totals"] == [[k, sum(v for v in range(1000) if v % 5 == k)] for k in range(5)]
