@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(PY) -m bench.splits
 	$(PY) -m bench.modes
 	$(PY) -m bench.streaming
+	$(PY) -m bench.spark_io
 	$(PY) -m bench.run --scale full
 
 bench-quick: $(STAMP)

@@ -287,9 +287,10 @@ def markdown(results: dict[str, Any]) -> str:
         # Hand-written: targets met or missed and what the profile says; kept across runs.
         with open(analysis) as f:
             out += [f.read().rstrip(), ""]
-    for extra in ("SPLITS.md", "MODES.md", "STREAMING.md"):
-        # Written by `python -m bench.splits` (dynamic splitting off vs on) and
-        # `python -m bench.modes` (local vs standalone vs Connect).
+    for extra in ("SPLITS.md", "MODES.md", "STREAMING.md", "SPARK_IO.md"):
+        # Written by `python -m bench.splits` (dynamic splitting off vs on),
+        # `python -m bench.modes` (local vs standalone vs Connect), `bench.streaming` and
+        # `bench.spark_io` (ReadFromSpark vs ReadFromParquet).
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), extra)
         if os.path.exists(path):
             with open(path) as f:

@@ -84,16 +84,14 @@ class Datasets:
                      F.col("line")).alias("value"))
 
     def encode_rows(self, df: DataFrame,
-                    encoder: Callable[[], Callable[[pa.RecordBatch], list[bytes]]],
+                    prepare: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
                     name: str = "") -> DataFrame:
-        """Any DataFrame's rows as a buffer: in each task, `encoder()` makes the function
-        that turns an Arrow batch of them into encoded elements."""
+        """Any DataFrame's rows as a buffer: `prepare`, in each task, turns its Arrow batches
+        into batches of (input, key, value)."""
 
         def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            convert = encoder()
-            for batch in batches:
-                values = pa.array(convert(batch), pa.binary())
-                yield pa.RecordBatch.from_arrays([pa.nulls(len(values), pa.binary()), values],
+            for batch in prepare(batches):
+                yield pa.RecordBatch.from_arrays([batch.column(1), batch.column(2)],
                                                  names=["key", "value"])
 
         if name:
@@ -152,16 +150,22 @@ class Datasets:
         df: DataFrame,
         task: Callable[[Iterable[tuple[int, Any, bytes]], tuple[int, int, int]], Iterator[tuple]],
         name: str = "",
+        prepare: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
     ) -> DataFrame:
         """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,
         partition id, attempt number). The output is persisted once, so every consumer reads
-        it without recomputing (which would repeat side effects and metrics)."""
+        it without recomputing (which would repeat side effects and metrics). `prepare`, if
+        given, first turns each partition's batches of `df` into (input, key, value) batches,
+        in the same task (a query's rows encoded where they are consumed: no second trip
+        between the JVM and Python)."""
 
         def arrow_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
 
             tc = TaskContext.get()
             attempt = (tc.stageId(), tc.partitionId(), tc.attemptNumber()) if tc else (0, 0, 0)
+            if prepare is not None:
+                batches = prepare(batches)
             yield from to_arrow_batches(task(ArrowRows(batches), attempt))
 
         if name:

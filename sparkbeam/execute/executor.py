@@ -19,7 +19,7 @@ from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.engine.task_errors import stage_error
 from sparkbeam.errors import ExecutionError, JobCancelledError
 from sparkbeam.execute.dataset import Datasets
-from sparkbeam.execute.spark_io import read_buffer, write_buffer
+from sparkbeam.execute.spark_io import read_buffer, read_query, write_buffer
 from sparkbeam.options import DEFAULT_BUNDLE_SIZE, PLAIN_BUNDLE_SIZE
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
 
@@ -220,7 +220,15 @@ class Executor:
         stage = spec.stage
         inputs = []
         partitions = 0  # how many tasks the stage will have (mapInArrow keeps partitioning)
-        for n, inp in enumerate(stage.inputs):
+        prepare = None
+        only = stage.inputs[0] if len(stage.inputs) == 1 else None
+        if (only is not None and only.buffer_id in run.plan.spark_reads
+                and _ARRANGE.get(stage.kind, 0) is None):
+            # The query's rows encoded by the stage's own tasks, as they read them.
+            stage_in, prepare = read_query(self.ds, run.plan.spark_reads[only.buffer_id],
+                                           only.coder_id, run.plan.components)
+            partitions = self.ds.parallelism  # a guess: the query decides
+        for n, inp in enumerate(() if prepare is not None else stage.inputs):
             if inp.buffer_id == IMPULSE_BUFFER:
                 df = self.ds.impulse(ENCODED_IMPULSE_VALUE)
                 partitions += 1
@@ -237,7 +245,8 @@ class Executor:
                 df = self.ds.union(parts)
                 partitions += sum(self._partitions.get(id(part), 1) for part in parts)
             inputs.append(self.ds.as_input(df, n))
-        stage_in = self.ds.union(inputs)
+        if prepare is None:
+            stage_in = self.ds.union(inputs)
         if stage.kind not in _ARRANGE:
             raise ExecutionError(f"{stage.display}: the batch executor has no rule for a "
                                  f"{stage.kind.value} stage")
@@ -247,7 +256,8 @@ class Executor:
             partitions = self.ds.parallelism
         shipped = self.ds.ship(side) if side is not None else None
         spec = dataclasses.replace(spec, partitions=max(1, partitions))
-        out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display)
+        out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display,
+                                prepare)
         for index, output in enumerate(stage.outputs):
             selected = self.ds.select_tag(out, index)
             self._partitions[id(selected)] = max(1, partitions)

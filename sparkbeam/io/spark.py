@@ -24,6 +24,7 @@ from apache_beam.coders import RowCoder
 from apache_beam.io import iobase
 from apache_beam.io.range_trackers import OffsetRangeTracker
 from apache_beam.portability.api import schema_pb2
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints import schemas
 
 from sparkbeam import urns
@@ -48,6 +49,8 @@ class SparkQuery:
     options: tuple[tuple[str, str], ...] = ()
     sql: str | None = None
     schema: str | None = None  # a Spark schema as JSON, as the user gave it
+    # The schema its rows had when the pipeline was built (JSON): the Beam schema's source.
+    expected: str | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in ("table", "format", "sql") if getattr(self, k)]
@@ -66,11 +69,9 @@ class SparkQuery:
         return f"{self.format} data" + (f" at {self.path}" if self.path else "")
 
     def dataframe(self, spark: Any) -> Any:
-        """The query's DataFrame on `spark`, its columns checked against the given schema."""
-        from pyspark.sql import types as T
-
-        given = (cast(T.StructType, T._parse_datatype_json_string(self.schema))  # noqa: SLF001
-                 if self.schema else None)
+        """The query's DataFrame on `spark`, its columns checked against the schema given
+        and the one the pipeline was built with (the data may have changed since)."""
+        given = _struct(self.schema) if self.schema else None
         if self.table:
             df = spark.read.table(self.table)
         elif self.sql:
@@ -80,12 +81,32 @@ class SparkQuery:
             if given is not None:
                 reader = reader.schema(given)
             df = reader.load(self.path) if self.path else reader.load()
-        if given is not None and [(f.name, f.dataType) for f in df.schema.fields] != [
-                (f.name, f.dataType) for f in given.fields]:
-            raise ValueError(f"ReadFromSpark: {self.describe()} has columns "
-                             f"{df.schema.simpleString()}, not the schema given "
-                             f"{given.simpleString()}")
+        for what, want in (("the schema given", self.schema),
+                           ("the schema it had when the pipeline was built", self.expected)):
+            if want and _shape(df.schema) != _shape(_struct(want)):
+                raise ValueError(f"{self.describe()} has columns {df.schema.simpleString()}, "
+                                 f"not {what}: {_struct(want).simpleString()}")
         return df
+
+
+def _struct(json_text: str) -> Any:
+    from pyspark.sql import types as T
+
+    return T._parse_datatype_json_string(json_text)  # noqa: SLF001 - Spark's own reader
+
+
+def _shape(dt: Any) -> Any:
+    """A Spark type without nullability: file sources read with a schema make every column
+    nullable, and Beam's rows do not care until a null arrives (which its coder refuses)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dt, T.StructType):
+        return tuple((f.name, _shape(f.dataType)) for f in dt.fields)
+    if isinstance(dt, T.ArrayType):
+        return ("array", _shape(dt.elementType))
+    if isinstance(dt, T.MapType):
+        return ("map", _shape(dt.keyType), _shape(dt.valueType))
+    return dt.simpleString()
 
 
 def spark_session(pipeline: beam.Pipeline | None = None) -> Any:
@@ -134,6 +155,8 @@ class SparkSource(iobase.BoundedSource):  # type: ignore[misc]
     def read(self, range_tracker: OffsetRangeTracker) -> Iterator[Any]:
         if not range_tracker.try_claim(0):
             return
+        if self.query.expected is None:
+            raise ValueError("this SparkSource was not made by ReadFromSpark.expand")
         rows = self.to_beam()
         table = self.query.dataframe(spark_session()).toArrow()
         for batch in table.to_batches():
@@ -164,14 +187,15 @@ class ReadFromSpark(beam.PTransform):  # type: ignore[misc]
         from pyspark.sql import types as T
 
         given = self.query.schema
-        spark_type = cast(T.StructType, T._parse_datatype_json_string(given)  # noqa: SLF001
-                          if given else self.query.dataframe(spark_session(pbegin.pipeline)).schema)
+        spark_type = cast(T.StructType, _struct(given) if given else self.query.dataframe(
+            spark_session(pbegin.pipeline)).schema)
         try:
             schema = beam_schema(spark_type)
         except UnsupportedSparkType as exc:
             raise UnsupportedSparkType(f"ReadFromSpark of {self.query.describe()}: {exc}"
                                        ) from None
-        rows = pbegin | beam.io.Read(SparkSource(self.query, schema))
+        query = dataclasses.replace(self.query, expected=spark_type.json())
+        rows = pbegin | beam.io.Read(SparkSource(query, schema))
         # Read says Any; consumers need the schema.
         rows.element_type = schemas.named_tuple_from_schema(schema)
         return rows
@@ -274,7 +298,9 @@ class WriteToSpark(beam.PTransform):  # type: ignore[misc]
                 f"{pcoll.producer.full_label if pcoll.producer else 'its input'} gives "
                 f"{pcoll.element_type}: {exc}") from exc
         self.target = dataclasses.replace(self.target, schema=schema.SerializeToString())
-        gathered = pcoll | "Gather" >> beam.combiners.ToList()
+        # One write of every row, whatever the windows (sparkbeam writes them all too).
+        gathered = (pcoll | "Rewindow" >> beam.WindowInto(GlobalWindows())
+                    | "Gather" >> beam.combiners.ToList())
         gathered | "Write" >> beam.ParDo(_WriteRows(self.target))
         return beam.pvalue.PDone(pcoll.pipeline)
 

@@ -185,7 +185,7 @@ def to_beam(schema: schema_pb2.Schema) -> Callable[[pa.RecordBatch], Iterator[An
     named tuples Beam's `RowCoder` decodes to."""
     from apache_beam.typehints.schemas import named_tuple_from_schema
 
-    row_type = named_tuple_from_schema(schema)
+    row_type: Any = named_tuple_from_schema(schema)
     converts = [_to_beam(f.type, f.name) for f in schema.fields]
 
     def rows(batch: pa.RecordBatch) -> Iterator[Any]:
@@ -193,7 +193,8 @@ def to_beam(schema: schema_pb2.Schema) -> Callable[[pa.RecordBatch], Iterator[An
             [convert(v) for v in batch.column(i).to_pylist()] if convert is not None
             else batch.column(i).to_pylist()
             for i, convert in enumerate(converts)]
-        return (row_type(*values) for values in zip(*columns, strict=True))
+        # `_make`: a generated row type's __new__ costs ~1 us a row, tuple's ~0.15.
+        return map(row_type._make, zip(*columns, strict=True))
 
     return rows
 
@@ -218,10 +219,10 @@ def _to_beam(ft: schema_pb2.FieldType, where: str) -> Convert | None:
     if kind == "row_type":
         from apache_beam.typehints.schemas import named_tuple_from_schema
 
-        row_type = named_tuple_from_schema(ft.row_type.schema)
+        row_type: Any = named_tuple_from_schema(ft.row_type.schema)
         fields = [(f.name, _to_beam(f.type, f"{where}.{f.name}") or _same)
                   for f in ft.row_type.schema.fields]
-        return _nullable(lambda v: row_type(*(c(v[name]) for name, c in fields)))
+        return _nullable(lambda v: row_type._make(c(v[name]) for name, c in fields))
     return None  # atomic values and dates are Beam's types already
 
 

@@ -14,7 +14,11 @@ from sparkbeam import urns
 from sparkbeam.errors import PlanningError
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan, Stage
-from sparkbeam.plan.native_spark import SparkWriteOp, translate_spark_io
+from sparkbeam.plan.native_spark import (
+    SparkWriteOp,
+    translate_spark_io,
+    with_constant_windowing,
+)
 from sparkbeam.plan.native_text import translate_text_reads, wire_prefix
 
 
@@ -50,8 +54,9 @@ def plan_batch(
             break
         skip.extend(odd)  # rare: planned again with those reads left to Beam
     stages, writes = _split_writes(plan, spark_writes)
+    plan = with_constant_windowing(dataclasses.replace(plan, stages=stages), spark_reads)
     return dataclasses.replace(
-        plan, stages=stages, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
+        plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         decisions=tuple(spark_decisions) + tuple(str(d) for d in decisions))
 
 

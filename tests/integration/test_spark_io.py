@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import re
 import typing
 import uuid
 
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing import test_stream
+from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -168,6 +171,12 @@ def test_the_plan_reads_and_writes_through_spark_and_says_so(tmp_path) -> None:
     assert [s.transforms for s in plan.stages] == [("Even",)]
     assert [i.buffer_id for i in plan.stages[0].inputs] == list(plan.spark_reads)
     assert [w.transform for w in plan.spark_writes] == ["Out"]
+    # Rows of a bounded read travel as rows alone: their window, timestamp and pane are the
+    # coder's parameters (and Beam's row coder needs no length prefix).
+    comps = beam_runner_api_pb2.Components.FromString(plan.components)
+    wire = comps.coders[plan.stages[0].inputs[0].coder_id]
+    assert wire.spec.urn == "beam:coder:param_windowed_value:v1"
+    assert comps.coders[wire.component_coder_ids[0]].spec.urn == "beam:coder:row:v1"
 
 
 def test_a_column_without_a_beam_type_is_refused_when_the_pipeline_is_built() -> None:
@@ -210,3 +219,34 @@ def test_the_readme_example_runs_as_a_script(tmp_path) -> None:
                 for n, shop in enumerate(["north", "south", "east"])}
     got = {r["shop"]: r["units"] for r in pq.read_table(target).to_pylist()}
     assert got == expected
+
+
+def test_data_that_changed_since_the_pipeline_was_built_fails_naming_the_read(
+        spark, tmp_path) -> None:
+    source = _path(tmp_path, "in")
+    spark.sql("SELECT id, CAST(id AS STRING) AS name FROM range(5)").write.parquet(source)
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions([]))
+    _ = (p | "Names" >> ReadFromSpark(format="parquet", path=source)
+         | WriteToSpark(format="json", path=_path(tmp_path, "out")))
+    spark.sql("SELECT id FROM range(5)").write.mode("overwrite").parquet(source)
+    with pytest.raises(ExecutionError, match=re.escape(
+            f"Names/Read: Spark cannot read parquet data at {source}: ValueError: parquet data "
+            f"at {source} has columns struct<id:bigint>, not the schema it had when the "
+            "pipeline was built: struct<id:bigint,name:string>")):
+        p.run().wait_until_finish()
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_windowed_rows_are_all_written(spark, tmp_path, runner: str) -> None:
+    out = _path(tmp_path, "out")
+
+    def build(p):  # type: ignore[no-untyped-def]
+        rows = p | ReadFromSpark(sql="SELECT id FROM range(20)")
+        _ = (rows
+             | beam.Map(lambda r: window.TimestampedValue(r, r.id)).with_output_types(
+                 rows.element_type)
+             | beam.WindowInto(window.FixedWindows(5))
+             | WriteToSpark(format="json", path=out))
+
+    _run(build, RUNNERS[runner]())
+    assert sorted(r.id for r in spark.read.json(out).collect()) == list(range(20))
