@@ -250,3 +250,26 @@ def test_windowed_rows_are_all_written(spark, tmp_path, runner: str) -> None:
 
     _run(build, RUNNERS[runner]())
     assert sorted(r.id for r in spark.read.json(out).collect()) == list(range(20))
+
+
+def test_a_portable_runner_client_reads_and_writes_through_the_job_servers_spark(
+        spark, tmp_path) -> None:
+    from sparkbeam.jobservice.server import JobServer
+    from sparkbeam.spark_executor import SparkJobExecutor
+
+    out = _path(tmp_path, "out")
+    server = JobServer(SparkJobExecutor(), artifacts_dir=str(tmp_path / "artifacts"))
+    server.start()
+    try:
+        options = PipelineOptions(["--runner=PortableRunner",
+                                   f"--job_endpoint={server.endpoint}",
+                                   "--environment_type=LOOPBACK"])
+        with beam.Pipeline(options=options) as p:
+            _ = (p | ReadFromSpark(sql="SELECT id, CAST(id AS STRING) AS name FROM range(50)",
+                                   schema="id BIGINT, name STRING")
+                 | beam.Filter(lambda r: r.id % 5 == 0)
+                 | WriteToSpark(format="json", path=out))
+    finally:
+        server.stop()
+    assert sorted((r.id, r.name) for r in spark.read.json(out).collect()) == [
+        (i, str(i)) for i in range(0, 50, 5)]
