@@ -70,7 +70,13 @@ def read_query(ds: Datasets, read: SparkRead, coder_id: str, components: bytes
     def prepare(batches: Batches) -> Batches:
         encode, rows = _encoder(components, coder_id), source.to_beam()
         for batch in batches:
-            values = pa.array([encode(row) for row in rows(batch)], pa.binary())
+            try:
+                values = pa.array([encode(row) for row in rows(batch)], pa.binary())
+            except Exception as exc:
+                # e.g. a null where the schema the pipeline was built with says none can be.
+                raise ValueError(f"{read.transform}: a row of {read.described} does not fit "
+                                 f"the Beam schema the pipeline was built with: "
+                                 f"{type(exc).__name__}: {exc}") from exc
             yield pa.RecordBatch.from_arrays(
                 [pa.nulls(len(values), pa.int32()).fill_null(0),
                  pa.nulls(len(values), pa.binary()), values], names=["input", "key", "value"])

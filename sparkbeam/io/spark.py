@@ -179,36 +179,38 @@ class ReadFromSpark(beam.PTransform):  # type: ignore[misc]
                  path: str | None = None, options: Mapping[str, Any] | None = None,
                  sql: str | None = None, schema: Any = None) -> None:
         super().__init__()
-        given = _schema_json(schema) if schema is not None else None
+        from pyspark.sql import types as T
+
+        if schema is not None and not isinstance(schema, (str, T.StructType)):
+            raise TypeError(f"ReadFromSpark: schema= takes a Spark StructType or a DDL string, "
+                            f"not {type(schema).__name__}")
+        # A DDL string is parsed by Spark, in expand (when there is a session to ask).
+        self._ddl = schema if isinstance(schema, str) else None
         self.query = SparkQuery(table, format, path, tuple(sorted(
-            (str(k), str(v)) for k, v in (options or {}).items())), sql, given)
+            (str(k), str(v)) for k, v in (options or {}).items())), sql,
+            schema.json() if isinstance(schema, T.StructType) else None)
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         from pyspark.sql import types as T
 
-        given = self.query.schema
-        spark_type = cast(T.StructType, _struct(given) if given else self.query.dataframe(
+        query = self.query
+        if self._ddl is not None:
+            spark_session(pbegin.pipeline)  # DDL is parsed by Spark
+            query = dataclasses.replace(query, schema=T._parse_datatype_string(  # noqa: SLF001
+                self._ddl).json())
+        given = query.schema
+        spark_type = cast(T.StructType, _struct(given) if given else query.dataframe(
             spark_session(pbegin.pipeline)).schema)
         try:
             schema = beam_schema(spark_type)
         except UnsupportedSparkType as exc:
-            raise UnsupportedSparkType(f"ReadFromSpark of {self.query.describe()}: {exc}"
+            raise UnsupportedSparkType(f"ReadFromSpark of {query.describe()}: {exc}"
                                        ) from None
-        query = dataclasses.replace(self.query, expected=spark_type.json())
+        query = dataclasses.replace(query, expected=spark_type.json())
         rows = pbegin | beam.io.Read(SparkSource(query, schema))
         # Read says Any; consumers need the schema.
         rows.element_type = schemas.named_tuple_from_schema(schema)
         return rows
-
-
-def _schema_json(schema: Any) -> str:
-    from pyspark.sql import types as T
-
-    if isinstance(schema, T.StructType):
-        return str(schema.json())
-    if isinstance(schema, str):
-        return str(T._parse_datatype_string(schema).json())  # noqa: SLF001 - DDL
-    raise TypeError(f"schema= takes a Spark StructType or a DDL string, not {type(schema)}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from sparkbeam import SparkRunner
-from sparkbeam.errors import ExecutionError, UnsupportedFeatureError
+from sparkbeam.errors import ExecutionError, UnsupportedFeatureError, UserCodeError
 from sparkbeam.io import ReadFromSpark, UnsupportedSparkType, WriteToSpark
 from sparkbeam.runner import prepare
 
@@ -273,3 +273,17 @@ def test_a_portable_runner_client_reads_and_writes_through_the_job_servers_spark
         server.stop()
     assert sorted((r.id, r.name) for r in spark.read.json(out).collect()) == [
         (i, str(i)) for i in range(0, 50, 5)]
+
+
+def test_a_null_the_given_schema_forbids_fails_naming_the_read(tmp_path) -> None:
+    source = tmp_path / "ids"
+    source.mkdir()
+    (source / "a.json").write_text('{"id": 1}\n{"id": null}\n')
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions([]))
+    _ = (p | "Ids" >> ReadFromSpark(format="json", path=str(source), schema="id BIGINT NOT NULL")
+         | WriteToSpark(format="json", path=_path(tmp_path, "out")))
+    with pytest.raises(UserCodeError, match=re.escape(
+            f"Ids/Read: a row of json data at {source} does not fit the Beam schema the "
+            "pipeline was built with: ValueError: Attempted to encode null for non-nullable "
+            'field "id"')):
+        p.run().wait_until_finish()
