@@ -125,6 +125,12 @@ class Executor:
                     else:
                         log(f"planning {stage.display}")
                         self._declare_stage(run, spec, side)
+                if run.pending:
+                    log(f"running {len(run.pending)} stage(s)")
+                    self.ds.describe(f"{job_id}: run stages, gather metrics")
+                    self._gather(run, [], None)
+                # Spark writes last: every stage has succeeded (their outputs persisted) before
+                # any write commits, so a failing stage leaves no target half-written.
                 for op in plan.spark_writes:
                     if cancelled.is_set():
                         raise JobCancelledError(f"{job_id} was cancelled before {op.transform}")
@@ -133,10 +139,6 @@ class Executor:
                     log(f"{op.transform}: writing to {target.describe()}")
                     self.ds.describe(f"{job_id}: {op.transform} writes to {target.describe()}")
                     self._act(write, None, run, op.transform)
-                if run.pending:
-                    log(f"running {len(run.pending)} stage(s)")
-                    self.ds.describe(f"{job_id}: run stages, gather metrics")
-                    self._gather(run, [], None)
         finally:
             for df in run.outputs:
                 self.ds.release(df)

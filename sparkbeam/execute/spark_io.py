@@ -97,7 +97,10 @@ def write_buffer(ds: Datasets, op: SparkWriteOp, parts: list[Any], components: b
 
     def decoder() -> Callable[[list[bytes]], pa.RecordBatch]:
         impl = _coder(components, op.coder_id)
-        return lambda values: target.to_arrow([impl.decode_nested(v).value for v in values])
+        # A row in several windows is that many elements (Beam's model; the expansion other
+        # runners run writes it once per window too).
+        return lambda values: target.to_arrow([
+            wv.value for wv in map(impl.decode_nested, values) for _ in wv.windows])
 
     df = ds.decode_rows(ds.union(parts), decoder, target.struct(),
                         f"{op.transform}: {target.describe()}")

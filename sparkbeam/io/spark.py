@@ -299,6 +299,12 @@ class WriteToSpark(beam.PTransform):  # type: ignore[misc]
                 f"(beam.Row, a NamedTuple type or ReadFromSpark's output); "
                 f"{pcoll.producer.full_label if pcoll.producer else 'its input'} gives "
                 f"{pcoll.element_type}: {exc}") from exc
+        missing = [c for c in self.target.partition_by
+                   if c not in [f.name for f in schema.fields]]
+        if missing:
+            raise ValueError(f"WriteToSpark to {self.target.describe()}: partition_by column(s) "
+                             f"{', '.join(missing)} are not fields of its input "
+                             f"({', '.join(f.name for f in schema.fields)})")
         self.target = dataclasses.replace(self.target, schema=schema.SerializeToString())
         # One write of every row, whatever the windows (sparkbeam writes them all too).
         gathered = (pcoll | "Rewindow" >> beam.WindowInto(GlobalWindows())

@@ -76,8 +76,12 @@ def beam_schema(spark: T.StructType) -> schema_pb2.Schema:
 
 def _beam_struct(spark: T.StructType, where: str) -> schema_pb2.Schema:
     fields = []
+    names = [f.name for f in spark.fields]
     for f in spark.fields:
         path = f"{where}.{f.name}" if where else f.name
+        if names.count(f.name) > 1:
+            raise UnsupportedSparkType(f"column {path!r} appears {names.count(f.name)} times; "
+                                       f"Beam's rows need each name once (alias them apart)")
         if not f.name.isidentifier() or keyword.iskeyword(f.name) or f.name.startswith("_"):
             raise UnsupportedSparkType(
                 f"column {path!r} is not a name Beam's rows can have (they are Python named "
@@ -229,12 +233,14 @@ def _to_beam(ft: schema_pb2.FieldType, where: str) -> Convert | None:
 def _exact_decimal(value: decimal.Decimal, where: str) -> decimal.Decimal:
     """`value`, if Beam's Python decimal coder keeps it: it scales in the default decimal
     context, which rounds to 28 significant digits (Spark's decimals have up to 38). A value
-    it would round fails here, loudly, instead of changing on its way through the pipeline."""
-    if len(value.as_tuple().digits) > _BEAM_DECIMAL_DIGITS:
+    it would round fails here, loudly, instead of changing on its way through the pipeline;
+    trailing zeros it drops are no change."""
+    digits = value.as_tuple().digits
+    if len(digits) > _BEAM_DECIMAL_DIGITS and any(digits[_BEAM_DECIMAL_DIGITS:]):
         raise UnsupportedSparkType(
-            f"column {where!r}: {value} has {len(value.as_tuple().digits)} significant "
-            f"digits; Beam's Python decimal coder keeps {_BEAM_DECIMAL_DIGITS} (it would round "
-            f"it); cast the column to a narrower decimal or to a string")
+            f"column {where!r}: {value} has {len(digits)} significant digits; Beam's Python "
+            f"decimal coder keeps {_BEAM_DECIMAL_DIGITS} (it would round it); cast the "
+            f"column to a narrower decimal or to a string")
     return value
 
 

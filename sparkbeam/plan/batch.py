@@ -11,11 +11,12 @@ import dataclasses
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from sparkbeam import urns
-from sparkbeam.errors import PlanningError
+from sparkbeam.errors import PlanningError, Unsupported, UnsupportedFeatureError
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.model import Plan, Stage
 from sparkbeam.plan.native_spark import (
     SparkWriteOp,
+    overwritten_sources,
     translate_spark_io,
     with_constant_windowing,
 )
@@ -30,6 +31,11 @@ def plan_batch(
     exactly (`native`), else by Beam's reader; `Plan.decisions` says which and why."""
     from apache_beam.runners.pipeline_context import PipelineContext
 
+    overwrites = overwritten_sources(proto)
+    if overwrites:
+        raise UnsupportedFeatureError([
+            Unsupported(what, f"transform '{name}'", "Spark clears the target before it reads "
+                        "the source; write elsewhere, then move it") for name, what in overwrites])
     proto, spark_reads, spark_writes, spark_decisions = translate_spark_io(proto)
     skip: list[str] = []
     while True:

@@ -79,6 +79,41 @@ def streaming_problems(proto: beam_runner_api_pb2.Pipeline) -> list[tuple[str, s
     return found
 
 
+def overwritten_sources(proto: beam_runner_api_pb2.Pipeline) -> list[tuple[str, str]]:
+    """(write, what) for each WriteToSpark that overwrites a table or path a ReadFromSpark of
+    the same pipeline reads: Spark clears the target before its tasks read the source, so the
+    job would fail with its input gone (other runners gather every row first)."""
+    from apache_beam.internal import pickler
+
+    read: dict[tuple[str, str | None], str] = {}
+    writes = []
+    for tid, t in sorted(proto.components.transforms.items()):
+        source = spark_source(t)
+        if source is not None:
+            query = source.query
+            for key in (("table", query.table), ("path", _local(query.path))):
+                if key[1]:
+                    read[key] = t.unique_name or tid
+        elif t.spec.urn == urns.WRITE_TO_SPARK:
+            writes.append((t.unique_name or tid, pickler.loads(t.spec.payload)))
+    found = []
+    for name, target in writes:
+        if target.mode != "overwrite":
+            continue
+        for key in (("table", target.table), ("path", _local(target.path))):
+            if key[1] and key in read:
+                found.append((name, f"overwriting the {key[0]} {key[1]} that {read[key]} reads"))
+    return found
+
+
+def _local(path: str | None) -> str | None:
+    import os
+
+    if not path:
+        return None
+    return os.path.realpath(path[len("file://"):] if path.startswith("file://") else path)
+
+
 def translate_spark_io(
     proto: beam_runner_api_pb2.Pipeline,
 ) -> tuple[beam_runner_api_pb2.Pipeline, dict[bytes, SparkRead], dict[str, bytes], list[str]]:

@@ -287,3 +287,64 @@ def test_a_null_the_given_schema_forbids_fails_naming_the_read(tmp_path) -> None
             "pipeline was built with: ValueError: Attempted to encode null for non-nullable "
             'field "id"')):
         p.run().wait_until_finish()
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_row_in_several_windows_is_written_once_per_window(spark, tmp_path,
+                                                             runner: str) -> None:
+    out = _path(tmp_path, "out")
+
+    def build(p):  # type: ignore[no-untyped-def]
+        rows = p | ReadFromSpark(sql="SELECT id FROM range(6)")
+        _ = (rows
+             | beam.Map(lambda r: window.TimestampedValue(r, r.id)).with_output_types(
+                 rows.element_type)
+             | beam.WindowInto(window.SlidingWindows(4, 2))
+             | WriteToSpark(format="json", path=out))
+
+    _run(build, RUNNERS[runner]())
+    assert sorted(r.id for r in spark.read.json(out).collect()) == sorted(list(range(6)) * 2)
+
+
+def test_overwriting_what_the_pipeline_reads_is_refused_at_prepare(spark, tmp_path) -> None:
+    source = _path(tmp_path, "in")
+    spark.sql("SELECT id FROM range(10)").write.parquet(source)
+    p = beam.Pipeline(options=PipelineOptions([]))
+    _ = (p | "Load" >> ReadFromSpark(format="parquet", path=source)
+         | beam.Filter(lambda r: r.id < 5)
+         | "Save" >> WriteToSpark(format="parquet", path=f"file://{source}", mode="overwrite"))
+    with pytest.raises(UnsupportedFeatureError, match=re.escape(
+            f"overwriting the path {source} that Load/Read reads in transform 'Save'")):
+        prepare(p.to_runner_api(), p.options)
+    assert spark.read.parquet(source).count() == 10
+
+
+def test_a_decimal_beams_coder_keeps_is_read_a_rounded_one_fails_naming_the_read(
+        spark, tmp_path) -> None:
+    out = _path(tmp_path, "out")
+
+    def build(value: str):  # type: ignore[no-untyped-def]
+        def inner(p):  # type: ignore[no-untyped-def]
+            _ = (p | "Amounts" >> ReadFromSpark(sql=f"SELECT CAST({value} AS DECIMAL(38,18)) AS a")
+                 | WriteToSpark(format="parquet", path=out, mode="overwrite"))
+        return inner
+
+    # 29 digits with the scale's trailing zeros: Beam's coder drops only zeros.
+    _run(build("12345678901.5"), SparkRunner())
+    assert [r.a for r in spark.read.parquet(out).collect()] == [
+        decimal.Decimal("12345678901.500000000000000000")]
+    with pytest.raises(UserCodeError, match=re.escape(
+            "Amounts/Read: a row of SQL query") + ".*" + re.escape(
+            "has 30 significant digits; Beam's Python decimal coder keeps 28")):
+        _run(build("123456789012.123456789012345678"), SparkRunner())
+
+
+def test_write_mistakes_known_when_the_pipeline_is_built_are_refused_then() -> None:
+    p = beam.Pipeline()
+    rows = p | ReadFromSpark(sql="SELECT 1 AS id", schema=T.StructType(
+        [T.StructField("id", T.IntegerType())]))
+    with pytest.raises(ValueError, match=r"partition_by column\(s\) day are not fields of its "
+                                         r"input \(id\)"):
+        _ = rows | WriteToSpark(format="parquet", path="/tmp/never", partition_by=["day"])
+    with pytest.raises(UnsupportedSparkType, match="column 'id' appears 2 times"):
+        _ = p | "Twice" >> ReadFromSpark(sql="SELECT 1 AS id, 2 AS id")
