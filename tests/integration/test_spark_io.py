@@ -236,22 +236,6 @@ def test_data_that_changed_since_the_pipeline_was_built_fails_naming_the_read(
         p.run().wait_until_finish()
 
 
-@pytest.mark.parametrize("runner", RUNNERS)
-def test_windowed_rows_are_all_written(spark, tmp_path, runner: str) -> None:
-    out = _path(tmp_path, "out")
-
-    def build(p):  # type: ignore[no-untyped-def]
-        rows = p | ReadFromSpark(sql="SELECT id FROM range(20)")
-        _ = (rows
-             | beam.Map(lambda r: window.TimestampedValue(r, r.id)).with_output_types(
-                 rows.element_type)
-             | beam.WindowInto(window.FixedWindows(5))
-             | WriteToSpark(format="json", path=out))
-
-    _run(build, RUNNERS[runner]())
-    assert sorted(r.id for r in spark.read.json(out).collect()) == list(range(20))
-
-
 def test_a_portable_runner_client_reads_and_writes_through_the_job_servers_spark(
         spark, tmp_path) -> None:
     from sparkbeam.jobservice.server import JobServer
@@ -290,20 +274,27 @@ def test_a_null_the_given_schema_forbids_fails_naming_the_read(tmp_path) -> None
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_a_row_in_several_windows_is_written_once_per_window(spark, tmp_path,
-                                                             runner: str) -> None:
+@pytest.mark.parametrize("windowing,rows,copies", [
+    ("fixed", 20, 1),  # each row in one window
+    ("sliding", 6, 2),  # each row in two windows: two elements in Beam's model
+])
+def test_windowed_rows_are_written_once_per_window(spark, tmp_path, runner: str,
+                                                   windowing: str, rows: int,
+                                                   copies: int) -> None:
     out = _path(tmp_path, "out")
+    windowfn = window.FixedWindows(5) if windowing == "fixed" else window.SlidingWindows(4, 2)
 
     def build(p):  # type: ignore[no-untyped-def]
-        rows = p | ReadFromSpark(sql="SELECT id FROM range(6)")
-        _ = (rows
+        read = p | ReadFromSpark(sql=f"SELECT id FROM range({rows})")
+        _ = (read
              | beam.Map(lambda r: window.TimestampedValue(r, r.id)).with_output_types(
-                 rows.element_type)
-             | beam.WindowInto(window.SlidingWindows(4, 2))
+                 read.element_type)
+             | beam.WindowInto(windowfn)
              | WriteToSpark(format="json", path=out))
 
     _run(build, RUNNERS[runner]())
-    assert sorted(r.id for r in spark.read.json(out).collect()) == sorted(list(range(6)) * 2)
+    assert sorted(r.id for r in spark.read.json(out).collect()) == sorted(
+        list(range(rows)) * copies)
 
 
 def test_overwriting_what_the_pipeline_reads_is_refused_at_prepare(spark, tmp_path) -> None:
