@@ -225,7 +225,7 @@ class Executor:
         prepare = None
         only = stage.inputs[0] if len(stage.inputs) == 1 else None
         if (only is not None and only.buffer_id in run.plan.spark_reads
-                and _ARRANGE.get(stage.kind, 0) is None):
+                and stage.kind in _ARRANGE and _ARRANGE[stage.kind] is None):
             # The query's rows encoded by the stage's own tasks, as they read them.
             stage_in, prepare = read_query(self.ds, run.plan.spark_reads[only.buffer_id],
                                            only.coder_id, run.plan.components)

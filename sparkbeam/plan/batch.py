@@ -31,12 +31,12 @@ def plan_batch(
     exactly (`native`), else by Beam's reader; `Plan.decisions` says which and why."""
     from apache_beam.runners.pipeline_context import PipelineContext
 
-    overwrites = overwritten_sources(proto)
+    proto, spark_reads, spark_writes, spark_decisions = translate_spark_io(proto)
+    overwrites = overwritten_sources(spark_reads, spark_writes)
     if overwrites:
         raise UnsupportedFeatureError([
             Unsupported(what, f"transform '{name}'", "Spark clears the target before it reads "
                         "the source; write elsewhere, then move it") for name, what in overwrites])
-    proto, spark_reads, spark_writes, spark_decisions = translate_spark_io(proto)
     skip: list[str] = []
     while True:
         rewritten, reads, decisions = (translate_text_reads(proto, skip) if native

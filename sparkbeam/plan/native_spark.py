@@ -39,6 +39,8 @@ class SparkRead:
     buffer_id: bytes
     source: bytes  # the pickled source: `.query.dataframe(spark)`, `.to_beam()`
     described: str
+    table: str | None = None  # what it reads, if a table or a path (the overwrite check)
+    path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,25 +81,22 @@ def streaming_problems(proto: beam_runner_api_pb2.Pipeline) -> list[tuple[str, s
     return found
 
 
-def overwritten_sources(proto: beam_runner_api_pb2.Pipeline) -> list[tuple[str, str]]:
-    """(write, what) for each WriteToSpark that overwrites a table or path a ReadFromSpark of
-    the same pipeline reads: Spark clears the target before its tasks read the source, so the
-    job would fail with its input gone (other runners gather every row first)."""
+def overwritten_sources(reads: Mapping[bytes, SparkRead], writes: Mapping[str, bytes],
+                        ) -> list[tuple[str, str]]:
+    """(write, what) for each WriteToSpark (`translate_spark_io`'s writes) that overwrites a
+    table or path one of `reads` reads: Spark clears the target before its tasks read the
+    source, so the job would fail with its input gone (other runners gather every row
+    first)."""
     from apache_beam.internal import pickler
 
     read: dict[tuple[str, str | None], str] = {}
-    writes = []
-    for tid, t in sorted(proto.components.transforms.items()):
-        source = spark_source(t)
-        if source is not None:
-            query = source.query
-            for key in (("table", query.table), ("path", _local(query.path))):
-                if key[1]:
-                    read[key] = t.unique_name or tid
-        elif t.spec.urn == urns.WRITE_TO_SPARK:
-            writes.append((t.unique_name or tid, pickler.loads(t.spec.payload)))
+    for r in reads.values():
+        for key in (("table", r.table), ("path", _local(r.path))):
+            if key[1]:
+                read[key] = r.transform
     found = []
-    for name, target in writes:
+    for name, payload in writes.items():
+        target = pickler.loads(payload)
         if target.mode != "overwrite":
             continue
         for key in (("table", target.table), ("path", _local(target.path))):
@@ -118,7 +117,7 @@ def translate_spark_io(
     proto: beam_runner_api_pb2.Pipeline,
 ) -> tuple[beam_runner_api_pb2.Pipeline, dict[bytes, SparkRead], dict[str, bytes], list[str]]:
     """`proto` with its Spark reads as data inputs and its Spark writes as runner-executed
-    leaves; the reads by buffer, the writes by transform id; a decision line for each."""
+    leaves; the reads by buffer, the writes' payloads by name; a decision line for each."""
     reads: dict[bytes, SparkRead] = {}
     writes: dict[str, bytes] = {}
     decisions: list[str] = []
@@ -134,9 +133,10 @@ def translate_spark_io(
             buffer_id = SPARK_READ_PREFIX + tid.encode()
             payload = beam_runner_api_pb2.ReadPayload.FromString(t.spec.payload)
             as_leaf(out.components, tid, urns.DATA_INPUT, buffer_id)
+            query = source.query
             reads[buffer_id] = SparkRead(name, buffer_id, payload.source.payload,
-                                         source.query.describe())
-            decisions.append(f"{name}: Spark reads {source.query.describe()} into the plan")
+                                         query.describe(), query.table, query.path)
+            decisions.append(f"{name}: Spark reads {query.describe()} into the plan")
         else:
             # A leaf with no outputs: Beam's fusion keeps it only as a runner transform.
             as_leaf(out.components, tid, urns.WRITE_TO_SPARK, t.spec.payload)
