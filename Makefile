@@ -32,6 +32,13 @@ $(KAFKA_STAMP): tests/support/kafka-broker.pom.xml
 
 kafka: $(KAFKA_STAMP)
 
+# Spark's Kafka connector for bench/kafka.py's reference query (not needed by the tests).
+SPARK_KAFKA_STAMP := build/spark-kafka/.fetched
+$(SPARK_KAFKA_STAMP): bench/spark-kafka.pom.xml
+	mvn -q -B -f bench/spark-kafka.pom.xml dependency:copy-dependencies \
+		-DoutputDirectory=$(CURDIR)/build/spark-kafka/jars -DincludeScope=runtime
+	@touch $(SPARK_KAFKA_STAMP)
+
 run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
@@ -62,12 +69,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy sparkbeam
 
-bench: $(STAMP)
+bench: $(STAMP) $(KAFKA_STAMP) $(SPARK_KAFKA_STAMP)
 	bash bench/install.sh $(PY)
 	$(PY) -m bench.splits
 	$(PY) -m bench.modes
 	$(PY) -m bench.streaming
 	$(PY) -m bench.spark_io
+	$(PY) -m bench.kafka
 	$(PY) -m bench.run --scale full
 
 bench-quick: $(STAMP)

@@ -287,10 +287,10 @@ def markdown(results: dict[str, Any]) -> str:
         # Hand-written: targets met or missed and what the profile says; kept across runs.
         with open(analysis) as f:
             out += [f.read().rstrip(), ""]
-    for extra in ("SPLITS.md", "MODES.md", "STREAMING.md", "SPARK_IO.md"):
+    for extra in ("SPLITS.md", "MODES.md", "STREAMING.md", "SPARK_IO.md", "KAFKA.md"):
         # Written by `python -m bench.splits` (dynamic splitting off vs on),
-        # `python -m bench.modes` (local vs standalone vs Connect), `bench.streaming` and
-        # `bench.spark_io` (ReadFromSpark vs ReadFromParquet).
+        # `python -m bench.modes` (local vs standalone vs Connect), `bench.streaming`,
+        # `bench.spark_io` (ReadFromSpark vs ReadFromParquet) and `bench.kafka`.
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), extra)
         if os.path.exists(path):
             with open(path) as f:

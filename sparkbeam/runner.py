@@ -44,7 +44,7 @@ from sparkbeam.plan.check import (
     plan_problems,
 )
 from sparkbeam.plan.fingerprint import dumps, pipeline_fingerprint
-from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.plan.stream_plan import plan_streaming
 from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.validate import check_structure
@@ -87,8 +87,8 @@ def prepare(
     pickle_library = options.view_as(pipeline_options.SetupOptions).pickle_library or "default"
     plan = None
     if not problems:
-        plan = (plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain,
-                              streaming=True) if streaming
+        plan = (plan_streaming(proto, pickle_library=pickle_library, is_drain=is_drain)
+                if streaming
                 else plan_batch(proto, pickle_library=pickle_library, is_drain=is_drain,
                                 native=spark_options.spark_native == "on"))
         problems.extend(plan_problems(plan, streaming=streaming))
@@ -276,6 +276,8 @@ class SparkJob:
         if self.plan.streaming_reason:
             self._log(f"{self.job_id} runs as a stream: {self.plan.streaming_reason} (no "
                       "--streaming needed)")
+        for decision in self.plan.decisions:
+            self._log(f"{self.job_id}: {decision}")
         checkpoint_dir = self._checkpoint_dir(self._datasets)
         record_pipeline(checkpoint_dir, self.plan.fingerprint)
         self._set_state(PipelineState.RUNNING)

@@ -19,6 +19,9 @@ SIDE_MULTIMAP = common_urns.side_inputs.MULTIMAP.urn
 
 # A WriteToSpark composite (`io/spark.py`): sparkbeam writes its input with Spark itself.
 WRITE_TO_SPARK = "sparkbeam:transform:write_to_spark:v1"
+# An exactly-once WriteToKafka composite (`io/kafka_write.py`): in streaming, sparkbeam stages
+# its input per micro-batch and writes each committed batch in Kafka transactions.
+WRITE_TO_KAFKA = "sparkbeam:transform:write_to_kafka:v1"
 SPLITTABLE_PROCESS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 
 # Requirements a pipeline may declare and that we honour.

@@ -20,7 +20,7 @@ import pyarrow as pa
 from sparkbeam.engine.context import pipeline_context
 from sparkbeam.errors import ExecutionError
 from sparkbeam.execute.dataset import Datasets
-from sparkbeam.plan.native_spark import SparkRead, SparkWriteOp
+from sparkbeam.plan.native_spark import SparkRead, RunnerWrite
 
 
 def _loads(payload: bytes) -> Any:
@@ -90,7 +90,7 @@ def read_buffer(ds: Datasets, read: SparkRead, coder_id: str, components: bytes)
     return ds.encode_rows(df, prepare, f"{read.transform}: {read.described}")
 
 
-def write_buffer(ds: Datasets, op: SparkWriteOp, parts: list[Any], components: bytes
+def write_buffer(ds: Datasets, op: RunnerWrite, parts: list[Any], components: bytes
                  ) -> tuple[Any, Callable[[], None]]:
     """The target of `op` and the action writing the buffer's DataFrames (`parts`) to it."""
     target = _loads(op.payload)

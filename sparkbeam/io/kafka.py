@@ -13,8 +13,8 @@ moves its watermark to the wall clock, so an idle partition does not hold the re
 
 `max_num_records` makes the read bounded: the records are shared evenly over the partitions
 that hold them when the read starts (a partition with fewer gives its surplus to the others),
-and what the partitions do not hold yet is shared evenly as records still to come. Writing is
-at least once: a bundle's records are flushed, and their delivery checked, before it commits.
+and what the partitions do not hold yet is shared evenly as records still to come. Writing is in
+`kafka_write.py` (at least once, or exactly once).
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from sparkbeam.io.kafka_client import (
     END,
     KEY,
-    LOG,
     KafkaError,
     Partition,
     advance,
@@ -41,8 +40,10 @@ from sparkbeam.io.kafka_client import (
     where,
 )
 from sparkbeam.io.kafka_listing import ListPartitions, WatchPartitions
+from sparkbeam.io.kafka_write import WriteToKafka
 
 PROCESSING_TIME, CREATE_TIME, LOG_APPEND_TIME = "ProcessingTime", "CreateTime", "LogAppendTime"
+__all__ = ["KafkaError", "ReadFromKafka", "WriteToKafka"]
 _POLICIES = (PROCESSING_TIME, CREATE_TIME, LOG_APPEND_TIME)
 _BUNDLE_RECORDS = 10_000
 _BUNDLE_SECONDS = 1.0
@@ -219,59 +220,3 @@ class ReadFromKafka(beam.PTransform):  # type: ignore[misc]
         return (pbegin | "Impulse" >> beam.Impulse()
                 | "ListPartitions" >> beam.ParDo(listing)
                 | "ReadPartitions" >> beam.ParDo(reader))
-
-
-class _Produce(beam.DoFn):
-    def __init__(self, config: dict[str, Any], topic: str, flush_timeout_s: float) -> None:
-        self.config, self.topic, self.flush_timeout_s = config, topic, flush_timeout_s
-        self._producer: Any = None
-        self._failed: list[str] = []
-
-    def setup(self) -> None:
-        self._producer = client().Producer({"logger": LOG, **self.config})
-
-    def teardown(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(self.flush_timeout_s)
-            self._producer = None
-
-    def _delivered(self, error: Any, message: Any) -> None:
-        if error is not None:
-            self._failed.append(str(error))
-
-    def process(self, element: tuple[bytes | None, bytes | None]) -> None:
-        key, value = element
-        while True:
-            try:
-                self._producer.produce(self.topic, key=key, value=value,
-                                       on_delivery=self._delivered)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain it
-                self._producer.poll(0.5)
-        self._producer.poll(0)
-
-    def finish_bundle(self) -> None:
-        left = self._producer.flush(self.flush_timeout_s)
-        failed, self._failed = self._failed, []
-        if left or failed:
-            raise KafkaError(
-                f"WriteToKafka: {where(self.config, self.topic)}: {left} record(s) not "
-                f"delivered within {self.flush_timeout_s:g} s, {len(failed)} refused"
-                + (f" (first: {failed[0]})" if failed else "") + "; the bundle is retried")
-
-
-class WriteToKafka(beam.PTransform):  # type: ignore[misc]
-    """Writes (key, value) byte pairs to `topic`, at least once: each bundle waits for its
-    records' delivery before it commits, so a retried bundle may write a record twice."""
-
-    def __init__(self, producer_config: dict[str, Any], topic: str,
-                 flush_timeout_s: float = 60.0) -> None:
-        super().__init__()
-        if KEY not in producer_config:
-            raise ValueError(f"WriteToKafka: producer_config needs '{KEY}'")
-        self.config, self.topic = dict(producer_config), topic
-        self.flush_timeout_s = flush_timeout_s
-
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        return pcoll | "Produce" >> beam.ParDo(_Produce(self.config, self.topic,
-                                                         self.flush_timeout_s))

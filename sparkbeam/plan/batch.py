@@ -11,12 +11,12 @@ import dataclasses
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from sparkbeam import urns
-from sparkbeam.errors import PlanningError, Unsupported, UnsupportedFeatureError
+from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.plan.fuse import plan_pipeline
-from sparkbeam.plan.model import Plan, Stage
+from sparkbeam.plan.model import Plan
 from sparkbeam.plan.native_spark import (
-    SparkWriteOp,
     overwritten_sources,
+    split_runner_writes,
     translate_spark_io,
     with_constant_windowing,
 )
@@ -59,27 +59,8 @@ def plan_batch(
         if not odd:
             break
         skip.extend(odd)  # rare: planned again with those reads left to Beam
-    stages, writes = _split_writes(plan, spark_writes)
+    stages, writes = split_runner_writes(plan, spark_writes, "WriteToSpark")
     plan = with_constant_windowing(dataclasses.replace(plan, stages=stages), spark_reads)
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         decisions=tuple(spark_decisions) + tuple(str(d) for d in decisions))
-
-
-def _split_writes(
-    plan: Plan, names: dict[str, bytes],
-) -> tuple[tuple[Stage, ...], tuple[SparkWriteOp, ...]]:
-    """The plan's stages without those that only hold a WriteToSpark leaf (Beam's fusion gives
-    a runner-executed transform a stage of its own), and the writes they stood for."""
-    stages, writes = [], []
-    for stage in plan.stages:
-        written = [n for n in stage.transforms if n in names]
-        if not written:
-            stages.append(stage)
-            continue
-        if len(stage.transforms) != 1 or len(stage.inputs) != 1 or stage.outputs:
-            raise PlanningError(f"{stage.display}: a WriteToSpark was fused with other "
-                                "transforms")
-        inp = stage.inputs[0]
-        writes.append(SparkWriteOp(written[0], inp.buffer_id, inp.coder_id, names[written[0]]))
-    return tuple(stages), tuple(writes)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
-from sparkbeam.plan.native_spark import SparkRead, SparkWriteOp
+from sparkbeam.plan.native_spark import SparkRead, RunnerWrite
 from sparkbeam.plan.native_text import TextRead
 
 IMPULSE_BUFFER = b"impulse"
@@ -136,7 +136,9 @@ class Plan:
     text_reads: dict[bytes, TextRead] = field(default_factory=dict)
     # ReadFromSpark's queries by buffer, and WriteToSpark's writes of buffers (`native_spark.py`).
     spark_reads: dict[bytes, SparkRead] = field(default_factory=dict)
-    spark_writes: tuple[SparkWriteOp, ...] = ()
+    spark_writes: tuple[RunnerWrite, ...] = ()
+    # Streaming: exactly-once WriteToKafka's writes of buffers (`plan/stream_plan.py`).
+    kafka_writes: tuple[RunnerWrite, ...] = ()
     decisions: tuple[str, ...] = ()
 
 

@@ -6,7 +6,7 @@ and the write gathers every row into one element. At Prepare, sparkbeam turns:
   stage: the query's DataFrame, each Arrow batch turned into Beam's encoding in the task that
   reads it (`SparkRead`);
 - each composite whose URN is `WRITE_TO_SPARK` into a leaf the runner executes: the input
-  buffer decoded into Arrow batches in its tasks and written by Spark's writer (`SparkWriteOp`).
+  buffer decoded into Arrow batches in its tasks and written by Spark's writer (`RunnerWrite`).
 Neither needs a fallback: the query is Spark's own, the encoding is the stage's real coder.
 This package imports nothing of `io/`: the source is recognised by its attribute, and the
 write's payload is unpickled by whoever runs it.
@@ -24,8 +24,10 @@ from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
 from sparkbeam import urns
 
+from sparkbeam.errors import PlanningError
+
 if TYPE_CHECKING:
-    from sparkbeam.plan.model import Plan
+    from sparkbeam.plan.model import Plan, Stage
 
 SPARK_READ_PREFIX = b"spark-read:"
 _PICKLED_SOURCE = "beam:source:pickled_python:v1"
@@ -44,13 +46,14 @@ class SparkRead:
 
 
 @dataclass(frozen=True)
-class SparkWriteOp:
-    """A `WriteToSpark` done by Spark: the buffer `buffer_id` written per `payload`."""
+class RunnerWrite:
+    """A write the runner does itself: the buffer `buffer_id` written per `payload` (a
+    WriteToSpark's, or an exactly-once WriteToKafka's in streaming)."""
 
     transform: str
     buffer_id: bytes
     coder_id: str  # the windowed coder of the buffer's elements
-    payload: bytes  # the composite's payload: the pickled target and Beam schema
+    payload: bytes  # the composite's payload (pickled: the target, or the sink)
 
 
 def spark_source(transform: beam_runner_api_pb2.PTransform) -> Any | None:
@@ -143,6 +146,37 @@ def translate_spark_io(
             writes[name] = t.spec.payload
             decisions.append(f"{name}: Spark writes the input's rows (no gathering)")
     return out, reads, writes, decisions
+
+
+def lift_composites(proto: beam_runner_api_pb2.Pipeline, urn: str
+                    ) -> tuple[beam_runner_api_pb2.Pipeline, dict[str, bytes]]:
+    """`proto` with each composite of `urn` made a leaf the runner executes, and the payloads
+    of those leaves by name (`split_runner_writes` takes them out of the plan)."""
+    found = {tid: t for tid, t in proto.components.transforms.items() if t.spec.urn == urn}
+    if not found:
+        return proto, {}
+    out = copy.deepcopy(proto)
+    for tid, t in found.items():
+        as_leaf(out.components, tid, urn, t.spec.payload)
+    return out, {t.unique_name or tid: t.spec.payload for tid, t in found.items()}
+
+
+def split_runner_writes(
+    plan: Plan, names: dict[str, bytes], what: str,
+) -> tuple[tuple[Stage, ...], tuple[RunnerWrite, ...]]:
+    """The plan's stages without those that only hold a runner-executed write leaf (Beam's
+    fusion gives such a transform a stage of its own), and the writes they stood for."""
+    stages, writes = [], []
+    for stage in plan.stages:
+        written = [n for n in stage.transforms if n in names]
+        if not written:
+            stages.append(stage)
+            continue
+        if len(stage.transforms) != 1 or len(stage.inputs) != 1 or stage.outputs:
+            raise PlanningError(f"{stage.display}: a {what} was fused with other transforms")
+        inp = stage.inputs[0]
+        writes.append(RunnerWrite(written[0], inp.buffer_id, inp.coder_id, names[written[0]]))
+    return tuple(stages), tuple(writes)
 
 
 def as_leaf(comps: beam_runner_api_pb2.Components, tid: str, urn: str, payload: bytes) -> None:

@@ -60,6 +60,10 @@ class CheckpointLayout:
     def side_dir(self, tag: int) -> str:
         return os.path.join(self.root, "sides", str(tag))
 
+    def staged_dir(self, index: int) -> str:
+        """Where an exactly-once write's input waits for its micro-batch to commit."""
+        return os.path.join(self.root, "staged", str(index))
+
     def hold_dir(self, label: str) -> str:
         return os.path.join(self.root, "holds", label)
 
@@ -207,7 +211,7 @@ def write_side_file(directory: str, batch: int, partition: int, values: list[byt
     os.replace(temporary, final)
 
 
-def _read_side_file(path: str) -> list[bytes]:
+def read_side_file(path: str) -> list[bytes]:
     with open(path, "rb") as f:
         data = f.read()
     values, at = [], 0
@@ -241,7 +245,7 @@ class SideStore:
                 if int(name.split("-")[1]) >= before_batch:
                     break
                 if name not in files:
-                    files[name] = _read_side_file(os.path.join(directory, name))
+                    files[name] = read_side_file(os.path.join(directory, name))
                 out.extend(files[name])
             return out
 

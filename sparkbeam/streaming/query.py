@@ -38,6 +38,7 @@ from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
 from sparkbeam.streaming.shell import ProcessorShell
 from sparkbeam.streaming.splittable import spread_endpoints
+from sparkbeam.streaming.staged_writes import flush_staged, query_id, staged_writes
 
 _LOG = logging.getLogger(__name__)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -80,6 +81,7 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
         producers[tag] = [source.where(F.col("tag") == tag)]
     consumed = {i.buffer_id for s in splan.stages for i in s.inputs}
     consumed |= {u.buffer_id for s in splan.stages for u in s.side_inputs}
+    consumed |= {w.buffer_id for w in plan.kafka_writes}
     leaves = []
     for stage in splan.stages:
         inputs = []
@@ -116,6 +118,12 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             producers.setdefault(tag, []).append(out.where(F.col("tag") == tag))
         if not any(o.buffer_id in consumed for o in stage.outputs):
             leaves.append(out)
+    for n, write in enumerate(plan.kafka_writes):
+        # An exactly-once write's input, staged until its micro-batch commits (`staged_writes`).
+        frames = producers.get(splan.tag(write.buffer_id), [])
+        if frames:
+            leaves.append(_union(frames).mapInArrow(SideWriter(layout.staged_dir(n)),
+                                                    ROW_SCHEMA))
     for tag in sorted(splan.side_tags):
         # Each batch's side-input elements, for the batches after it.
         writer = SideWriter(layout.side_dir(tag))
@@ -230,9 +238,20 @@ class StreamingQueryRun:
         self.progress: list[dict[str, Any]] = []  # per micro-batch: rows and durations
         self.throttle_ms: dict[str, int] = {}  # endpoint -> ms held back by the work budget
         self._admitted: dict[int, dict[str, int]] = {}  # batch -> items, bytes (budgeted)
+        self._writes = staged_writes(self.layout, splan.plan.kafka_writes,
+                                     splan.plan.components)
+
+    def _flush(self, spark: SparkSession, before_batch: int) -> None:
+        """Writes out what committed micro-batches staged for exactly-once writes."""
+        if self._writes and flush_staged(spark, self._writes, query_id(self.layout),
+                                         before_batch):
+            _LOG.debug("%s: staged writes before batch %s written", self.settings.job_id,
+                       before_batch)
 
     def _sink(self, frame: DataFrame, batch_id: int) -> None:
         frame.write.format("noop").mode("overwrite").save()
+        # This batch is not committed yet; every batch before it is.
+        self._flush(frame.sparkSession, batch_id)
         self.batches = batch_id + 1
         entry = read_offset_entry(self.layout.offset_file(batch_id))
         offset = entry.offset if entry is not None else {}
@@ -286,6 +305,10 @@ class StreamingQueryRun:
                     raise stage_error(None, exc)
                 if not self.query.isActive:
                     raise ExecutionError("the streaming query stopped unexpectedly")
+            self.query.stop()
+            # What the last finished batch staged (the job is done: nothing replays it; a
+            # batch the stop interrupted stays staged).
+            self._flush(self.spark, self.batches)
         finally:
             with _suppress():
                 self.query.stop()

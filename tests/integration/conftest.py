@@ -51,3 +51,13 @@ def expected_from_fnapi(name: str, build: Callable) -> list[str]:
 
 def spark_runner() -> SparkRunner:
     return SparkRunner()
+
+
+@pytest.fixture(scope="module")
+def kafka():  # type: ignore[no-untyped-def]
+    """A real Kafka broker on 127.0.0.1 for the module's tests (`tests/support/kafka.py`)."""
+    from tests.support.kafka import KafkaBroker
+
+    broker = KafkaBroker().start()
+    yield broker
+    broker.stop()

@@ -25,13 +25,6 @@ from tests.support.kafka import KafkaBroker
 
 
 
-@pytest.fixture(scope="module")
-def kafka():  # type: ignore[no-untyped-def]
-    broker = KafkaBroker().start()
-    yield broker
-    broker.stop()
-
-
 def _topic(kafka, partitions: int) -> str:  # type: ignore[no-untyped-def]
     name = f"t-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})  # alive until created
@@ -190,7 +183,8 @@ def test_kafka_to_windowed_count_to_kafka_streams_by_itself_and_drains(kafka, tm
          | beam.combiners.Count.PerElement()
          | beam.Map(lambda kc, w=beam.DoFn.WindowParam: (
              kc[0], f"{int(w.start)}:{kc[1]}".encode()))
-         | WriteToKafka({"bootstrap.servers": kafka.bootstrap}, sink))
+         | WriteToKafka({"bootstrap.servers": kafka.bootstrap}, sink, exactly_once=True,
+                        sink_group_id=f"eos-{sink}"))
     result = p.run()
     try:
         got = _read_all(kafka, sink, 1, expected=6, timeout_s=180)
@@ -279,3 +273,50 @@ def test_partitions_added_while_running_are_read_from_their_first_record(kafka, 
     assert result.wait_until_finish(120_000) == PipelineState.DRAINED
     assert sorted(v for _, v in got) == sorted(
         [f"a{i}".encode() for i in range(40)] + [f"b{i}".encode() for i in range(20)])
+
+
+def test_a_transactional_partition_write_happens_once_per_batch_and_fences_a_zombie(kafka) -> None:  # type: ignore[no-untyped-def]
+    from sparkbeam.io.kafka_write import TransactionalSink
+
+    topic = _topic(kafka, 2)
+    sink = TransactionalSink({"bootstrap.servers": kafka.bootstrap}, topic, f"eos-{topic}", 30.0)
+    # A writer of partition 0 left over from a killed driver, its transaction open.
+    zombie = Producer({"bootstrap.servers": kafka.bootstrap,
+                       "transactional.id": f"eos-{topic}.0"})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(topic, value=b"zombie")
+    zombie.flush(30)
+    records = [(b"k", b"a"), (None, b"b")]
+    assert sink.write_partition("query-1", 3, 0, records) == 2
+    assert sink.write_partition("query-1", 3, 0, records) == 0  # a replay: already written
+    assert sink.write_partition("query-1", 2, 0, records) == 0  # older: written too
+    assert sink.write_partition("query-1", 3, 1, [(None, b"c")]) == 1  # another partition
+    assert sink.write_partition("query-2", 0, 0, [(None, b"d")]) == 1  # another checkpoint
+    with pytest.raises(Exception, match="fenced|Fenced|FENCED"):
+        zombie.commit_transaction(10)
+    got = _read_all(kafka, topic, 2, expected=100, timeout_s=8)
+    assert sorted(v for _, v in got) == [b"a", b"b", b"c", b"d"]
+    with pytest.raises(TypeError, match=f"WriteToKafka to topic '{topic}' writes .key, value. "
+                                        "pairs"):
+        sink.write_partition("query-1", 4, 0, [b"not a pair"])
+
+
+@pytest.mark.parametrize("runner", [FnApiRunner, SparkRunner], ids=["fnapi", "sparkbeam"])
+def test_an_exactly_once_write_in_batch_commits_a_transaction_per_bundle(kafka, runner) -> None:  # type: ignore[no-untyped-def]
+    topic = _topic(kafka, 1)
+    p = beam.Pipeline(runner=runner())
+    _ = (p | beam.Create([(str(i).encode(), b"v") for i in range(40)])
+         | WriteToKafka({"bootstrap.servers": kafka.bootstrap}, topic, exactly_once=True,
+                        sink_group_id=f"eos-{topic}"))
+    p.run().wait_until_finish()
+    assert sorted(_read_all(kafka, topic, 1, expected=40)) == sorted(
+        (str(i).encode(), b"v") for i in range(40))
+
+
+def test_an_exactly_once_write_needs_a_sink_group_and_owns_the_transactional_id() -> None:
+    with pytest.raises(ValueError, match="topic 'out': exactly_once=True needs a sink_group_id"):
+        WriteToKafka({"bootstrap.servers": "x:1"}, "out", exactly_once=True)
+    with pytest.raises(ValueError, match="the transactional.id is sparkbeam's"):
+        WriteToKafka({"bootstrap.servers": "x:1", "transactional.id": "t"}, "out",
+                     exactly_once=True, sink_group_id="g")

@@ -1,0 +1,27 @@
+"""The streaming plan: Beam's fusion, with exactly-once WriteToKafka composites (`urns.
+WRITE_TO_KAFKA`) lifted out as writes the streaming engine does itself (`streaming/
+staged_writes.py`) instead of running their transaction-per-bundle expansion."""
+from __future__ import annotations
+
+import dataclasses
+
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from sparkbeam import urns
+from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.plan.model import Plan
+from sparkbeam.plan.native_spark import lift_composites, split_runner_writes
+
+
+def plan_streaming(proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default",
+                   is_drain: bool = False) -> Plan:
+    proto, names = lift_composites(proto, urns.WRITE_TO_KAFKA)
+    plan = plan_pipeline(proto, pickle_library=pickle_library, is_drain=is_drain,
+                         streaming=True, runner_urns=frozenset([urns.WRITE_TO_KAFKA]))
+    if not names:
+        return plan
+    stages, writes = split_runner_writes(plan, names, "WriteToKafka")
+    return dataclasses.replace(
+        plan, stages=stages, kafka_writes=writes,
+        decisions=tuple(f"{w.transform}: written exactly once, in Kafka transactions per "
+                        "committed micro-batch" for w in writes))
