@@ -23,14 +23,12 @@ import argparse
 import glob
 import json
 import os
-import platform
 import statistics
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import apache_beam as beam
@@ -39,6 +37,7 @@ from apache_beam.transforms import window
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.report import write_extra
 from sparkbeam.io import ReadFromKafka, WriteToKafka
 from tests.support.kafka import ROOT, KafkaBroker
 
@@ -105,7 +104,7 @@ def sparkbeam_count(bootstrap: str, records: int, keys: int, exactly_once: bool
     started = time.monotonic()
     result = p.run()
     try:
-        got = _read(bootstrap, sink, 2, lambda g: len(g) >= keys, 600)
+        got = _read(bootstrap, sink, 2, lambda g: len(g) >= min(keys, records), 600)
         seconds = time.monotonic() - started
     finally:
         result.drain()
@@ -148,7 +147,7 @@ def spark_count(spark: Any, bootstrap: str, records: int, keys: int) -> dict[str
 
 def _correct(got: list[tuple[bytes, bytes]], records: int, keys: int) -> bool:
     expected = {f"k{k}".encode(): records // keys + (1 if k < records % keys else 0)
-                for k in range(keys)}
+                for k in range(min(keys, records))}
     return len(got) == len(expected) and {k: int(v) for k, v in got} == expected
 
 
@@ -283,13 +282,7 @@ def main() -> None:
         print(json.dumps(latency), flush=True)
     finally:
         broker.stop()
-    results = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-               "rows": rows, "latency": latency, "quick": args.quick}
-    with open(os.path.join(HERE, "kafka.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(HERE, "KAFKA.md"), "w") as f:
-        f.write(markdown(results))
+    write_extra("kafka", {"rows": rows, "latency": latency, "quick": args.quick}, markdown)
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from bench.workloads import WORKLOADS
@@ -100,6 +101,24 @@ COLORS = {
     "dask-beamio": "#ffbb78",
     "beam-pyspark-runner": "#2ca02c",
 }
+
+
+def write_extra(name: str, results: dict[str, Any],
+                markdown_of: Callable[[dict[str, Any]], str]) -> None:
+    """Writes a side benchmark's `<name>.json` and `<NAME>.md` (included in RESULTS.md) next to
+    this file, stamping `results` with the date and the machine first."""
+    import json
+    import platform
+    from datetime import UTC, datetime
+
+    results = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+               **results}
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, f"{name}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(here, f"{name.upper()}.md"), "w") as f:
+        f.write(markdown_of(results))
 
 
 def verdict(run: Run) -> str:

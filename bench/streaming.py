@@ -19,17 +19,17 @@ import argparse
 import glob
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms import trigger, window
+
+from bench.report import write_extra
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -274,13 +274,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     lat = latency(4 if args.quick else 8, 1000, 100)
     print(json.dumps(lat), flush=True)
-    results = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-               "rows": rows, "latency": lat, "quick": args.quick}
-    with open(os.path.join(HERE, "streaming.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(HERE, "STREAMING.md"), "w") as f:
-        f.write(markdown(results))
+    write_extra("streaming", {"rows": rows, "latency": lat, "quick": args.quick}, markdown)
 
 
 def markdown(results: dict[str, Any]) -> str:
