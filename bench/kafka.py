@@ -15,7 +15,8 @@ Latency at a 1 s trigger: Kafka -> Map -> Kafka, records produced at a steady ra
 their send time; the latency of a record is when a `read_committed` consumer of the output
 topic receives it, minus its send time (p50 / p95), after a warm-up record has come through.
 
-Writes bench/KAFKA.md (included in RESULTS.md) and bench/kafka.json.
+Writes bench/KAFKA.md (included in RESULTS.md), bench/kafka.json and bench/kafka.png
+(`--report-only` renders the last two again from kafka.json).
 """
 from __future__ import annotations
 
@@ -245,7 +246,13 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--keys", default="1000,100000")
     parser.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
+    parser.add_argument("--report-only", action="store_true",
+                        help="render KAFKA.md and kafka.png again from kafka.json")
     args = parser.parse_args()
+    if args.report_only:
+        with open(os.path.join(HERE, "kafka.json")) as f:
+            report(json.load(f))
+        return
     jars = [j for j in glob.glob(os.path.join(JARS, "*.jar"))
             if os.path.basename(j).startswith(_CONNECTOR)]
     if len(jars) != len(_CONNECTOR):
@@ -282,7 +289,47 @@ def main() -> None:
         print(json.dumps(latency), flush=True)
     finally:
         broker.stop()
-    write_extra("kafka", {"rows": rows, "latency": latency, "quick": args.quick}, markdown)
+    write_extra("kafka", {"rows": rows, "latency": latency, "quick": args.quick}, report)
+
+
+def report(results: dict[str, Any]) -> str:
+    """KAFKA.md's text, writing kafka.png (and KAFKA.md when called for --report-only)."""
+    chart(results, os.path.join(HERE, "kafka.png"))
+    text = markdown(results)
+    with open(os.path.join(HERE, "KAFKA.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def chart(results: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    names = [("spark", "Spark's query"), ("sparkbeam", "sparkbeam"),
+             ("sparkbeam_eos", "sparkbeam EOS")]
+    width = 0.27
+    for n, (key, label) in enumerate(names):
+        left.bar([i + n * width for i in range(len(results["rows"]))],
+                 [r[key]["records_per_s"] for r in results["rows"]], width, label=label)
+    left.set_xticks([i + width for i in range(len(results["rows"]))],
+                    [f"{r['keys']:,} keys" for r in results["rows"]])
+    left.set_yscale("log")
+    left.set_ylabel("records/s (higher is better)")
+    left.legend(fontsize=8)
+    lat = results["latency"]
+    right.bar([label for _, label in names], [lat[k]["p95_s"] for k, _ in names],
+              color="#c44e52", label="p95")
+    right.bar([label for _, label in names], [lat[k]["p50_s"] for k, _ in names],
+              color="#4c72b0", label="p50")
+    right.set_ylabel("seconds, 1 s trigger")
+    right.legend(fontsize=8)
+    fig.suptitle(f"Kafka -> per-key count -> Kafka ({results['date']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -321,6 +368,7 @@ def markdown(results: dict[str, Any]) -> str:
                         ("sparkbeam_eos", "sparkbeam, exactly once")):
         s = lat[name]
         lines.append(f"| {label} | {s['records']} | {s['p50_s']:.2f} | {s['p95_s']:.2f} |")
+    lines += ["", "![Kafka throughput and latency](kafka.png)"]
     return "\n".join(lines) + "\n"
 
 
