@@ -24,6 +24,7 @@ a runner retries after its commit may still repeat.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from typing import Any
@@ -34,6 +35,7 @@ from sparkbeam import urns
 from sparkbeam.io.kafka_client import KEY, LOG, KafkaError, client, where
 
 _MARKER_PARTITION = 0  # the topic partition whose group offset records the last batch written
+_ATTEMPTS = 3
 
 
 class _Produce(beam.DoFn):
@@ -54,6 +56,10 @@ class _Produce(beam.DoFn):
 
     def teardown(self) -> None:
         if self._producer is not None:
+            if self.transactional:
+                # A failed bundle's open transaction would hold readers back (none: raises).
+                with contextlib.suppress(Exception):
+                    self._producer.abort_transaction(self.flush_timeout_s)
             self._producer.flush(self.flush_timeout_s)
             self._producer = None
 
@@ -66,7 +72,9 @@ class _Produce(beam.DoFn):
             self._failed.append(str(error))
 
     def process(self, element: tuple[bytes | None, bytes | None]) -> None:
-        produce(self._producer, self.topic, element, self._delivered)
+        # In a transaction a failed delivery fails the commit; no callback needed.
+        produce(self._producer, self.topic, element,
+                None if self.transactional else self._delivered)
 
     def finish_bundle(self) -> None:
         if self.transactional:
@@ -118,19 +126,38 @@ class TransactionalSink:
     def write_partition(self, query_id: str, batch: int, partition: int,
                         elements: list[Any]) -> int:
         """Writes `elements` in one transaction unless batch `batch` of query `query_id` was
-        already written for `partition`; returns the records written (0 when skipped)."""
+        already written for `partition`; returns the records written (0 when skipped). A
+        retriable Kafka error (a coordinator moving, a transaction to abort) is tried again, up
+        to `_ATTEMPTS` times, each with a fresh producer."""
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                return self._write_once(query_id, batch, partition, elements)
+            except KafkaError as exc:
+                cause = exc.__cause__.args[0] if exc.__cause__ and exc.__cause__.args else None
+                again = getattr(cause, "retriable", lambda: False)() or getattr(
+                    cause, "txn_requires_abort", lambda: False)()
+                if not again or attempt == _ATTEMPTS:
+                    raise
+                LOG.warning("%s; trying again (%d of %d)", exc, attempt + 1, _ATTEMPTS)
+        raise AssertionError("unreachable")
+
+    def _write_once(self, query_id: str, batch: int, partition: int,
+                    elements: list[Any]) -> int:
         name = f"{self.sink_group_id}.{partition}"
-        # A fresh producer each time (its start costs ~65 ms against a warm broker, measured):
-        # starting it fences any earlier producer of this id (a task of a killed driver) and
-        # aborts the transaction that one left open, so what follows sees only commits.
-        producer = client().Producer({"logger": LOG, **self.config, "transactional.id": name})
-        marker = client().Consumer({
-            "logger": LOG, "group.id": name, "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            **{k: v for k, v in self.config.items()
-               if k == KEY or k.startswith(("security.", "sasl.", "ssl."))}})
         step = "starting the transactional producer"
+        producer = marker = None
         try:
+            # A fresh producer each time (its start costs ~65 ms against a warm broker,
+            # measured): starting it fences any earlier producer of this id (a task of a
+            # killed driver) and aborts the transaction that one left open, so what follows
+            # sees only commits.
+            producer = client().Producer({"logger": LOG, **self.config,
+                                          "transactional.id": name})
+            marker = client().Consumer({
+                "logger": LOG, "group.id": name, "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                **{k: v for k, v in self.config.items()
+                   if k == KEY or k.startswith(("security.", "sasl.", "ssl."))}})
             producer.init_transactions(self.timeout_s)
             step = "reading what the sink group recorded"
             done = _last_written(marker, self.topic, query_id, self.timeout_s)
@@ -155,7 +182,8 @@ class TransactionalSink:
                              f"{batch}, partition {partition} (transactional id '{name}') "
                              f"failed: {exc}") from exc
         finally:
-            marker.close()
+            if marker is not None:
+                marker.close()
 
 
 def _last_written(marker: Any, topic: str, query_id: str, timeout_s: float) -> int | None:
@@ -173,7 +201,7 @@ class WriteToKafka(beam.PTransform):  # type: ignore[misc]
     """Writes (key, value) byte pairs to `topic`. At least once by default; with
     `exactly_once=True` and a `sink_group_id` (Beam Java KafkaIO's `withEOS` names), each
     record exactly once for `read_committed` consumers on sparkbeam's streaming engine (module
-    doc). One `sink_group_id` per job: it names the transactional producers and the group
+    doc). One `sink_group_id` per write: it names the transactional producers and the group
     that records what was written."""
 
     def __init__(self, producer_config: dict[str, Any], topic: str,
@@ -184,7 +212,7 @@ class WriteToKafka(beam.PTransform):  # type: ignore[misc]
             raise ValueError(f"WriteToKafka: producer_config needs '{KEY}'")
         if exactly_once and not sink_group_id:
             raise ValueError(f"WriteToKafka to topic '{topic}': exactly_once=True needs a "
-                             "sink_group_id (one per job: it names the transactional "
+                             "sink_group_id (one per write: it names the transactional "
                              "producers and the group recording what was written)")
         if exactly_once and "transactional.id" in producer_config:
             raise ValueError(f"WriteToKafka to topic '{topic}': with exactly_once=True the "

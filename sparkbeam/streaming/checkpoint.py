@@ -60,6 +60,18 @@ class CheckpointLayout:
     def side_dir(self, tag: int) -> str:
         return os.path.join(self.root, "sides", str(tag))
 
+    def commit_file(self, batch: int) -> str:
+        """Spark's record that `batch` committed."""
+        return os.path.join(self.root, "commits", str(batch))
+
+    def last_commit(self) -> int:
+        """The last committed batch, -1 if none."""
+        try:
+            return max((int(n) for n in os.listdir(os.path.join(self.root, "commits"))
+                        if n.isdigit()), default=-1)
+        except FileNotFoundError:
+            return -1
+
     def staged_dir(self, index: int) -> str:
         """Where an exactly-once write's input waits for its micro-batch to commit."""
         return os.path.join(self.root, "staged", str(index))

@@ -264,8 +264,10 @@ class SideWriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         tc = TaskContext.get()
         assert tc is not None, "side-input buffers are written by Spark tasks"
-        batch = int(tc.getLocalProperty("streaming.sql.batchId") or 0)
-        write_side_file(self.directory, batch, tc.partitionId(), values_of(batches))
+        batch = tc.getLocalProperty("streaming.sql.batchId")
+        if batch is None:  # every batch would be batch 0: later ones would be lost
+            raise RuntimeError(f"writing {self.directory}: not in a micro-batch's task")
+        write_side_file(self.directory, int(batch), tc.partitionId(), values_of(batches))
         yield from ()
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -120,10 +122,12 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             leaves.append(out)
     for n, write in enumerate(plan.kafka_writes):
         # An exactly-once write's input, staged until its micro-batch commits (`staged_writes`).
+        # First in the union, so its partition numbers (which name the transactional ids) do
+        # not shift with the other leaves' partition counts.
         frames = producers.get(splan.tag(write.buffer_id), [])
         if frames:
-            leaves.append(_union(frames).mapInArrow(SideWriter(layout.staged_dir(n)),
-                                                    ROW_SCHEMA))
+            leaves.insert(n, _union(frames).mapInArrow(SideWriter(layout.staged_dir(n)),
+                                                       ROW_SCHEMA))
     for tag in sorted(splan.side_tags):
         # Each batch's side-input elements, for the batches after it.
         writer = SideWriter(layout.side_dir(tag))
@@ -241,6 +245,17 @@ class StreamingQueryRun:
         self._writes = staged_writes(self.layout, splan.plan.kafka_writes,
                                      splan.plan.components)
 
+    def _wait_for_commit(self, batch: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(self.layout.commit_file(batch)) and (
+                time.monotonic() < deadline):
+            time.sleep(0.05)
+
+    def _flush_committed(self) -> None:
+        """Writes out what the committed batches staged (the query has stopped)."""
+        if self._writes:
+            self._flush(self.spark, self.layout.last_commit() + 1)
+
     def _flush(self, spark: SparkSession, before_batch: int) -> None:
         """Writes out what committed micro-batches staged for exactly-once writes."""
         if self._writes and flush_staged(spark, self._writes, query_id(self.layout),
@@ -305,10 +320,17 @@ class StreamingQueryRun:
                     raise stage_error(None, exc)
                 if not self.query.isActive:
                     raise ExecutionError("the streaming query stopped unexpectedly")
+            # The last batch's commit follows its sink: wait for it, so that what it staged
+            # is written now (a batch the stop interrupts stays staged for a resume).
+            if self._writes:
+                self._wait_for_commit(self.batches - 1, timeout_s=30)
             self.query.stop()
-            # What the last finished batch staged (the job is done: nothing replays it; a
-            # batch the stop interrupted stays staged).
-            self._flush(self.spark, self.batches)
+            self._flush_committed()
+        except JobCancelledError:
+            with _suppress():
+                self.query.stop()
+                self._flush_committed()  # what committed batches staged, as at least once
+            raise
         finally:
             with _suppress():
                 self.query.stop()

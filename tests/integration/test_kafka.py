@@ -320,3 +320,23 @@ def test_an_exactly_once_write_needs_a_sink_group_and_owns_the_transactional_id(
     with pytest.raises(ValueError, match="the transactional.id is sparkbeam's"):
         WriteToKafka({"bootstrap.servers": "x:1", "transactional.id": "t"}, "out",
                      exactly_once=True, sink_group_id="g")
+
+
+def test_a_bounded_stream_writes_every_batch_exactly_once_before_it_ends(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from apache_beam.testing.test_stream import TestStream
+
+    topic = _topic(kafka, 2)
+    events = TestStream()
+    for batch in range(3):
+        events = events.add_elements([(f"{batch}-{i}".encode(), b"v") for i in range(5)])
+    ckpt = tmp_path / "ckpt"
+    p = beam.Pipeline(runner=SparkRunner(), options=beam.options.pipeline_options.PipelineOptions(
+        [f"--checkpoint_dir={ckpt}", "--parallelism=2"]))
+    _ = (p | events | beam.Map(lambda kv: kv)
+         | WriteToKafka({"bootstrap.servers": kafka.bootstrap}, topic, exactly_once=True,
+                        sink_group_id=f"eos-{topic}"))
+    assert p.run().wait_until_finish() == PipelineState.DONE
+    # Everything is in Kafka when the job ends; nothing is left staged.
+    got = _read_all(kafka, topic, 2, expected=100, timeout_s=8)
+    assert sorted(got) == sorted((f"{b}-{i}".encode(), b"v") for b in range(3) for i in range(5))
+    assert [f for _, _, fs in os.walk(ckpt / "staged") for f in fs] == []

@@ -6,26 +6,30 @@ from __future__ import annotations
 import os
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_stream
 
+from sparkbeam.errors import UnsupportedFeatureError
 from sparkbeam.io.kafka_write import TransactionalSink, WriteToKafka
 from sparkbeam.runner import prepare
 from sparkbeam.streaming.staged_writes import _staged
 
 
-def _proto(streaming: bool):  # type: ignore[no-untyped-def]
+def _proto(streaming: bool, groups: tuple[str, ...] = ("job-1",)):  # type: ignore[no-untyped-def]
     p = beam.Pipeline()
     source = (p | test_stream.TestStream().add_elements([b"a", b"b"]) if streaming
               else p | beam.Create([b"a", b"b"]))
-    _ = (source | "Pair" >> beam.Map(lambda v: (None, v))
-         | "Out" >> WriteToKafka({"bootstrap.servers": "127.0.0.1:9"}, "out",
-                                 exactly_once=True, sink_group_id="job-1"))
+    pairs = source | "Pair" >> beam.Map(lambda v: (None, v))
+    for n, group in enumerate(groups):
+        _ = pairs | ("Out" if n == 0 else f"Out{n}") >> WriteToKafka(
+            {"bootstrap.servers": "127.0.0.1:9"}, "out", exactly_once=True,
+            sink_group_id=group)
     return p.to_runner_api()
 
 
-def test_in_streaming_the_write_leaves_the_stages_for_the_engine() -> None:
-    plan = prepare(_proto(True), PipelineOptions(["--checkpoint_dir=/tmp/unused"]))
+def test_in_streaming_the_write_leaves_the_stages_for_the_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    plan = prepare(_proto(True), PipelineOptions([f"--checkpoint_dir={tmp_path}"]))
     (write,) = plan.kafka_writes
     assert write.transform == "Out"
     assert not any("Out" in name for s in plan.stages for name in s.transforms)
@@ -36,6 +40,14 @@ def test_in_streaming_the_write_leaves_the_stages_for_the_engine() -> None:
     assert (sink.topic, sink.sink_group_id, sink.exactly_once) == ("out", "job-1", True)
     assert plan.decisions == ("Out: written exactly once, in Kafka transactions per committed "
                               "micro-batch",)
+
+
+def test_two_writes_sharing_a_sink_group_are_refused_at_prepare(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UnsupportedFeatureError,
+                       match=r"exactly-once writes sharing sink_group_id 'job-1' in transform "
+                             r"'Out', transform 'Out2' \(give each WriteToKafka"):
+        prepare(_proto(True, ("job-1", "job-2", "job-1")),
+                PipelineOptions([f"--checkpoint_dir={tmp_path}"]))
 
 
 def test_in_batch_the_write_runs_its_expansion() -> None:
