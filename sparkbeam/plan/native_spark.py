@@ -6,7 +6,8 @@ and the write gathers every row into one element. At Prepare, sparkbeam turns:
   stage: the query's DataFrame, each Arrow batch turned into Beam's encoding in the task that
   reads it (`SparkRead`);
 - each composite whose URN is `WRITE_TO_SPARK` into a leaf the runner executes: the input
-  buffer decoded into Arrow batches in its tasks and written by Spark's writer (`RunnerWrite`).
+  buffer decoded into Arrow batches in its tasks and written by Spark's writer (`RunnerWrite`;
+  `lift_composites` and `split_runner_writes` serve streaming's exactly-once WriteToKafka too).
 Neither needs a fallback: the query is Spark's own, the encoding is the stage's real coder.
 This package imports nothing of `io/`: the source is recognised by its attribute, and the
 write's payload is unpickled by whoever runs it.
@@ -23,7 +24,6 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
 from sparkbeam import urns
-
 from sparkbeam.errors import PlanningError
 
 if TYPE_CHECKING:

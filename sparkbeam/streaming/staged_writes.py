@@ -81,7 +81,7 @@ class _PartitionWriter:
 
     def _write(self, n: int, partition: int, files: tuple[tuple[int, str], ...]) -> None:
         write = self.writes[n]
-        sink = pickler.loads(write.payload)
+        sink: PartitionSink = pickler.loads(write.payload)
         impl = pipeline_context(write.components).coders[write.coder_id].get_impl()
         for batch, name in files:
             values = read_side_file(os.path.join(write.directory, name))
