@@ -244,6 +244,7 @@ class StreamingQueryRun:
         self._admitted: dict[int, dict[str, int]] = {}  # batch -> items, bytes (budgeted)
         self._writes = staged_writes(self.layout, splan.plan.kafka_writes,
                                      splan.plan.components)
+        self._query_id: str | None = None
 
     def _wait_for_commit(self, batch: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -258,8 +259,11 @@ class StreamingQueryRun:
 
     def _flush(self, spark: SparkSession, before_batch: int) -> None:
         """Writes out what committed micro-batches staged for exactly-once writes."""
-        if self._writes and flush_staged(spark, self._writes, query_id(self.layout),
-                                         before_batch):
+        if not self._writes:
+            return
+        if self._query_id is None:  # Spark wrote it when the query started; it never changes
+            self._query_id = query_id(self.layout)
+        if flush_staged(spark, self._writes, self._query_id, before_batch):
             _LOG.debug("%s: staged writes before batch %s written", self.settings.job_id,
                        before_batch)
 
