@@ -251,7 +251,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.report_only:
         with open(os.path.join(HERE, "kafka.json")) as f:
-            report(json.load(f))
+            text = report(json.load(f))
+        with open(os.path.join(HERE, "KAFKA.md"), "w") as f:
+            f.write(text)
         return
     jars = [j for j in glob.glob(os.path.join(JARS, "*.jar"))
             if os.path.basename(j).startswith(_CONNECTOR)]
@@ -293,12 +295,9 @@ def main() -> None:
 
 
 def report(results: dict[str, Any]) -> str:
-    """KAFKA.md's text, writing kafka.png (and KAFKA.md when called for --report-only)."""
+    """KAFKA.md's text; draws kafka.png beside it."""
     chart(results, os.path.join(HERE, "kafka.png"))
-    text = markdown(results)
-    with open(os.path.join(HERE, "KAFKA.md"), "w") as f:
-        f.write(text)
-    return text
+    return markdown(results)
 
 
 def chart(results: dict[str, Any], path: str) -> None:

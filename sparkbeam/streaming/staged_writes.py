@@ -22,6 +22,7 @@ import pyarrow as pa
 from apache_beam.internal import pickler
 
 from sparkbeam.engine.context import pipeline_context
+from sparkbeam.plan.native_spark import RunnerWrite
 from sparkbeam.streaming.checkpoint import CheckpointLayout, read_side_file
 
 
@@ -43,16 +44,15 @@ class StagedWrite:
     coder_id: str  # the windowed coder of the staged elements
 
 
-def staged_writes(layout: CheckpointLayout, writes: Any, components: bytes
+def staged_writes(layout: CheckpointLayout, writes: tuple[RunnerWrite, ...], components: bytes
                   ) -> tuple[StagedWrite, ...]:
     """The plan's runner writes (`Plan.kafka_writes`) with their staging directories."""
     return tuple(StagedWrite(w.transform, layout.staged_dir(n), w.payload, components,
                              w.coder_id) for n, w in enumerate(writes))
 
 
-def _staged(directory: str, before_batch: int | None) -> dict[int, list[tuple[int, str]]]:
-    """partition -> [(batch, file name)] in batch order, of the batches before `before_batch`
-    (all if None)."""
+def _staged(directory: str, before_batch: int) -> dict[int, list[tuple[int, str]]]:
+    """partition -> [(batch, file name)] in batch order, of the batches before `before_batch`."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.startswith("batch-"))
     except FileNotFoundError:
@@ -60,7 +60,7 @@ def _staged(directory: str, before_batch: int | None) -> dict[int, list[tuple[in
     out: dict[int, list[tuple[int, str]]] = {}
     for name in names:
         _, batch, _, partition = name.split("-")
-        if before_batch is None or int(batch) < before_batch:
+        if int(batch) < before_batch:
             out.setdefault(int(partition), []).append((int(batch), name))
     return out
 
@@ -96,8 +96,8 @@ def query_id(layout: CheckpointLayout) -> str:
 
 
 def flush_staged(spark: Any, writes: tuple[StagedWrite, ...], query: str,
-                 before_batch: int | None) -> int:
-    """Writes out what the micro-batches before `before_batch` (all if None) staged, then
+                 before_batch: int) -> int:
+    """Writes out what the micro-batches before `before_batch` staged, then
     removes it; returns the number of staged files written."""
     work = [(n, partition, tuple(files)) for n, write in enumerate(writes)
             for partition, files in sorted(_staged(write.directory, before_batch).items())]

@@ -63,8 +63,8 @@ def test_staged_files_are_grouped_per_partition_in_batch_order(tmp_path) -> None
     assert _staged(str(tmp_path), 11) == {
         0: [(9, "batch-0000000009-part-00000")],
         1: [(9, "batch-0000000009-part-00001"), (10, "batch-0000000010-part-00001")]}
-    assert sorted(_staged(str(tmp_path), None)) == [0, 1]
-    assert _staged(os.path.join(str(tmp_path), "missing"), None) == {}
+    assert sorted(_staged(str(tmp_path), 1 << 40)) == [0, 1]
+    assert _staged(os.path.join(str(tmp_path), "missing"), 1 << 40) == {}
 
 
 def test_the_sink_says_where_it_writes() -> None:
