@@ -19,16 +19,21 @@ and when a bundle's output reaches its part the runner checkpoints the restricti
 and hands back the rest as a residual, run again while the key's share lasts, else due the next
 batch. Restrictions not started for want of budget wait the same way; an unstarted restriction
 holds the watermark at its start. A key stopped by the budget counts the time to its next
-batch as throttle time.
+batch as throttle time, reported as the splittable DoFn's counter `throttling-msecs`; a
+restriction whose element names a topic and a partition (ReadFromKafka's) that was left
+waiting also counts it as `throttling-msecs/<topic>-<partition>`, so a user sees which
+partitions the budget held back.
 """
 from __future__ import annotations
 
+import collections
 import pickle
 from typing import Any
 
 from apache_beam.metrics import monitoring_infos
 from apache_beam.portability.api import beam_fn_api_pb2
 
+from sparkbeam.engine import context
 from sparkbeam.engine.program import OutRow, program_for
 from sparkbeam.engine.run import StageRun, leased_run
 from sparkbeam.engine.task import TaskSpec
@@ -58,7 +63,11 @@ class SplittableKey:
         self.program = program_for(spec.stage, spec.components, spec.groupings)
         self.infos: list[Any] = []
         self.throttle_micros = 0  # of the keys this task ran, since the last `take_infos`
+        # the same per endpoint (topic-partition) of the restrictions the budget left waiting
+        self.endpoint_throttle_micros: collections.Counter[str] = collections.Counter()
         self.step_name = process_step(self.program.descriptor)
+        ctx = context.pipeline_context(spec.components)
+        self._input_impls = [ctx.coders[i.coder_id].get_impl() for i in spec.stage.inputs]
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime,
              drained: bool, budget: tuple[int, int] | None = None
@@ -66,9 +75,12 @@ class SplittableKey:
         """(output rows, the key's new blob or None, its hold: the earliest watermark of its
         pending restrictions, MAX_MICROS when none are left). `budget`: the (items, bytes) the
         key's bundles may output this batch; None runs everything due in one bundle."""
-        entries, throttled = _load(blob)
+        entries, throttled, endpoints = _load(blob)
         if throttled:
-            self.throttle_micros += max(0, time.processing - time.processing_before)
+            waited = max(0, time.processing - time.processing_before)
+            self.throttle_micros += waited
+            for endpoint in endpoints:
+                self.endpoint_throttle_micros[endpoint] += waited
         due = sorted(e for e in entries if e[0] <= time.processing)
         later = [e for e in entries if e[0] > time.processing]
         work: list[Work] = [(n, element, mark) for _, n, element, mark in due]
@@ -90,7 +102,21 @@ class SplittableKey:
         if drained or not later:
             return out, None, MAX_MICROS
         hold = min(entry[3] for entry in later)
-        return out, pickle.dumps((sorted(later), stopped), protocol=5), hold
+        state = (sorted(later), stopped, self._endpoints(left) if stopped else ())
+        return out, pickle.dumps(state, protocol=5), hold
+
+    def _endpoints(self, left: list[Work]) -> tuple[str, ...]:
+        """The topic-partitions of the restrictions the budget left waiting (elements that
+        name a `topic` and a `partition`, as ReadFromKafka's do)."""
+        names = set()
+        for n, element, _ in left:
+            # (element, (restriction, watermark estimator state)), size
+            original = self._input_impls[n].decode_nested(element).value[0][0]
+            topic = getattr(original, "topic", None)
+            partition = getattr(original, "partition", None)
+            if isinstance(topic, str) and isinstance(partition, int):
+                names.add(f"{topic}-{partition}")
+        return tuple(sorted(names))
 
     @staticmethod
     def _run_all(run: StageRun, work: list[Work]) -> list[OutRow]:
@@ -160,6 +186,12 @@ class SplittableKey:
                 THROTTLE_NAMESPACE, THROTTLE_COUNTER, self.throttle_micros // 1000,
                 ptransform=self.step_name))
             self.throttle_micros = 0
+        for endpoint, micros in sorted(self.endpoint_throttle_micros.items()):
+            if micros >= 1000:
+                infos.append(monitoring_infos.int64_user_counter(
+                    THROTTLE_NAMESPACE, f"{THROTTLE_COUNTER}/{endpoint}", micros // 1000,
+                    ptransform=self.step_name))
+        self.endpoint_throttle_micros.clear()
         return infos
 
 
@@ -189,11 +221,13 @@ def spread_endpoints(label: str, partitions: int) -> tuple[str, ...]:
     return tuple(spread_endpoint(label, str(k).encode()) for k in range(partitions))
 
 
-def _load(blob: bytes | None) -> tuple[list[Entry], bool]:
+def _load(blob: bytes | None) -> tuple[list[Entry], bool, tuple[str, ...]]:
+    """(entries, whether the budget stopped the key, the endpoints it left waiting). A
+    checkpoint written before endpoints were recorded holds the first two only."""
     if not blob:
-        return [], False
-    entries, stopped = pickle.loads(blob)
-    return list(entries), bool(stopped)
+        return [], False, ()
+    entries, stopped, *endpoints = pickle.loads(blob)
+    return list(entries), bool(stopped), tuple(endpoints[0]) if endpoints else ()
 
 
 def process_step(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor) -> str:

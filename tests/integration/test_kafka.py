@@ -11,6 +11,7 @@ import time
 import uuid
 
 import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineState
@@ -167,6 +168,14 @@ def test_a_streaming_read_shares_each_micro_batch_budget_evenly_over_its_partiti
             if min(c[q] for q in (1, 2, 3)) > 0
             and max(c[q] for q in (1, 2, 3)) - min(c[q] for q in (1, 2, 3)) <= 1]
     assert even, per_batch
+    # The budget held partitions 1-3 back, never partition 0: each reports its throttle time.
+    counters = result.metrics().query(MetricsFilter().with_namespace("sparkbeam.streaming"))[
+        "counters"]
+    throttled = {c.key.metric.name: c.committed for c in counters if c.committed}
+    assert {name for name in throttled if "/" in name} == {
+        f"throttling-msecs/{topic}-{q}" for q in (1, 2, 3)}, throttled
+    assert throttled["throttling-msecs"] >= max(
+        throttled[f"throttling-msecs/{topic}-{q}"] for q in (1, 2, 3))
 
 
 def test_kafka_to_windowed_count_to_kafka_streams_by_itself_and_drains(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -73,3 +73,14 @@ def test_shares_are_even_and_the_budget_is_spent_while_records_remain(
     # ...and one that still has records read no less than any other, but for rounding.
     for n in left:
         assert all(read[n] >= read[m] - 1 for m in names), (backlog, items, read)
+
+
+def test_a_keys_blob_records_the_endpoints_it_left_waiting_and_reads_older_blobs() -> None:
+    import pickle
+
+    from sparkbeam.streaming.splittable import _load
+
+    entry = (0, 0, b"element", 5)
+    assert _load(None) == ([], False, ())
+    assert _load(pickle.dumps(([entry], True))) == ([entry], True, ())  # before endpoints
+    assert _load(pickle.dumps(([entry], True, ("t-1", "t-2")))) == ([entry], True, ("t-1", "t-2"))
