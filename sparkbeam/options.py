@@ -77,8 +77,10 @@ class SparkOptions(PipelineOptions):
             choices=["on", "off"],
             default="on",
             help="Batch: let Spark's own operators do what they do exactly as Beam would "
-            "(ReadFromText through Spark's text source); 'off' keeps Beam's transforms "
-            "everywhere. The job's log says which path each transform took.",
+            "(ReadFromText through Spark's text source), and group windowed GroupByKeys "
+            "under the default trigger per window without Beam's trigger driver; 'off' keeps "
+            "Beam's transforms and trigger driver everywhere. The job's log says which path "
+            "each transform took.",
         )
         add_argument(
             "--worker_connect_timeout",

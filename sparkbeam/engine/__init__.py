@@ -6,6 +6,8 @@
 - `run.StageRun` / `run.leased_run`: bundles of one stage on one worker, with the timers and
   residual roots they leave (a batch task, or one key's micro-batch in streaming).
 - `bundles`: cutting rows into bundles (keyed rows at key boundaries).
+- `grouping`: one key's GroupByKey values grouped by window in batch (the default trigger's
+  output computed directly, other triggers through Beam's trigger driver).
 - `timers.TimerBook`: collecting and firing timers in order, within one round limit.
 - `watermarks`: watermarks and holds as pure functions over a `HoldStore`.
 - `side_inputs`, `arrow`, `context`, `task_errors`, `task_splits`: side-input state, the Arrow

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sparkbeam.engine.arrow import Columns
-from sparkbeam.engine.program import Chunks, Grouper
+from sparkbeam.engine.grouping import Grouper
+from sparkbeam.engine.program import Chunks
 
 Row = tuple[int, bytes | None, bytes]  # (stage input index, encoded key, encoded element)
 

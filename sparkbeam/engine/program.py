@@ -18,9 +18,9 @@ from typing import Any
 
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2
-from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
 
 from sparkbeam.engine import context
+from sparkbeam.engine.grouping import Grouper, grouper_for
 from sparkbeam.plan.model import Grouping, Stage
 
 TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
@@ -74,21 +74,6 @@ class StageProgram:
             yield self.out_index[transform_id], key, data
 
 
-class Grouper:
-    """Groups one key's values of a GroupByKey input by window, with Beam's trigger driver."""
-
-    def __init__(self, grouping: Grouping, ctx: Any) -> None:
-        self._pre = ctx.coders[grouping.input_coder_id]
-        self._post = ctx.coders[grouping.output_coder_id]
-        self._windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
-
-    def group(self, values: list[bytes]) -> list[bytes]:
-        """One chunk holding the key's grouped element(s), one per window/pane."""
-        buffer = GroupingBuffer(self._pre, self._post, self._windowing)
-        buffer.append(b"".join(values))
-        return [chunk for chunk in buffer.partition(1)[0] if chunk]
-
-
 def build_program(stage: Stage, components: bytes, groupings: Mapping[bytes, Grouping]
                   ) -> StageProgram:
     """Works out the program of `stage` (prefer the cached `program_for`)."""
@@ -120,7 +105,7 @@ def build_program(stage: Stage, components: bytes, groupings: Mapping[bytes, Gro
         timer_impls={(t.transform_id, t.family_id): ctx.coders[t.coder_id].get_impl()
                      for t in stage.timers},
         timer_domains={(t.transform_id, t.family_id): t.time_domain for t in stage.timers},
-        groupers={n: Grouper(groupings[i.buffer_id], ctx)
+        groupers={n: grouper_for(groupings[i.buffer_id], ctx)
                   for n, i in enumerate(stage.inputs) if i.buffer_id in groupings},
         pcoll_to_input=pcoll_to_input,
     )

@@ -1,13 +1,16 @@
 """The batch plan: Beam's fusion with the native translations around it.
 
 Text reads go to Spark's text source where that reads Beam's lines exactly (`native_text.py`,
-`--spark_native`); ReadFromSpark and WriteToSpark always become parts of the Spark plan
-(`native_spark.py`): their expansions would start a SparkSession inside a Spark task.
+`--spark_native`), and windowed GroupByKeys under the default trigger are grouped per window
+without Beam's trigger driver (`Grouping.by_window`, also `--spark_native`); ReadFromSpark and
+WriteToSpark always become parts of the Spark plan (`native_spark.py`): their expansions would
+start a SparkSession inside a Spark task.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from sparkbeam import urns
@@ -59,8 +62,28 @@ def plan_batch(
         if not odd:
             break
         skip.extend(odd)  # rare: planned again with those reads left to Beam
+    if not native:  # Beam's GroupingBuffer and trigger driver for every GroupByKey
+        plan = dataclasses.replace(plan, groupings={
+            b: dataclasses.replace(g, by_window=False) for b, g in plan.groupings.items()})
     stages, writes = split_runner_writes(plan, spark_writes, "WriteToSpark")
     plan = with_constant_windowing(dataclasses.replace(plan, stages=stages), spark_reads)
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
-        decisions=tuple(spark_decisions) + tuple(str(d) for d in decisions))
+        decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions)
+                   + _grouping_decisions(plan)))
+
+
+def _grouping_decisions(plan: Plan) -> tuple[str, ...]:
+    """How each windowed GroupByKey is grouped, and why (the global window's are Beam's list,
+    or its pass-through driver for Reshuffle's trigger: not worth a line each)."""
+    comps = beam_runner_api_pb2.Components.FromString(plan.components)
+    out = []
+    for grouping in sorted(plan.groupings.values(), key=lambda g: g.transform_id):
+        strategy = comps.windowing_strategies[grouping.windowing_strategy_id]
+        if grouping.by_window:
+            out.append(f"{grouping.transform_id}: grouped per window by the runner (default "
+                       "trigger: one on-time pane per window)")
+        elif strategy.window_fn.urn != common_urns.global_windows.urn:
+            out.append(f"{grouping.transform_id}: Beam's trigger driver (trigger "
+                       f"{strategy.trigger.WhichOneof('trigger')})")
+    return tuple(out)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import (
     beam_fn_api_pb2,
     beam_runner_api_pb2,
@@ -267,8 +268,23 @@ def _groupings(
             input_coder_id=channel_coders[in_pc],
             output_coder_id=channel_coders[out_pc],
             windowing_strategy_id=comps.pcollections[in_pc].windowing_strategy_id,
+            by_window=groups_by_window(
+                comps.windowing_strategies[comps.pcollections[in_pc].windowing_strategy_id]),
         )
     return out
+
+
+def groups_by_window(strategy: beam_runner_api_pb2.WindowingStrategy) -> bool:
+    """Whether batch groups a GroupByKey of this windowing per window itself: the default
+    trigger fires each window once, so Beam's trigger driver adds nothing (`engine/grouping.py`).
+    Beam's `Windowing.is_default()` case keeps `GroupingBuffer`'s own list (its pane is last)."""
+    if strategy.trigger.WhichOneof("trigger") != "default":
+        return False
+    trivial = (strategy.window_fn.urn == common_urns.global_windows.urn
+               and strategy.accumulation_mode == beam_runner_api_pb2.AccumulationMode.DISCARDING
+               and strategy.output_time == beam_runner_api_pb2.OutputTime.END_OF_WINDOW
+               and strategy.allowed_lateness == 0)
+    return not trivial
 
 
 def _descriptor(

@@ -94,6 +94,9 @@ class Grouping:
     input_coder_id: str
     output_coder_id: str
     windowing_strategy_id: str
+    # Batch: grouped per window by the runner (the default trigger, windows other than the
+    # trivial global one: `engine/grouping.py`), else by Beam's GroupingBuffer.
+    by_window: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,103 @@
+"""The runner's per-window grouping under the default trigger equals Beam's trigger driver,
+byte for byte (values, their order, windows, timestamps, panes), on generated keys' values."""
+from __future__ import annotations
+
+import pytest
+from apache_beam.coders import coders
+from apache_beam.coders.coder_impl import create_InputStream
+from apache_beam.runners.pipeline_context import PipelineContext
+from apache_beam.transforms import trigger, window
+from apache_beam.transforms.core import Windowing
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkbeam.engine.grouping import ByWindowGrouper, TriggerDriverGrouper, grouper_for
+from sparkbeam.plan.fuse import groups_by_window
+from sparkbeam.plan.model import Grouping
+
+WINDOW_FNS = [window.FixedWindows(60), window.FixedWindows(7, 3), window.FixedWindows(1),
+              window.SlidingWindows(10, 5), window.SlidingWindows(7, 3),
+              window.SlidingWindows(3, 7), window.Sessions(1), window.Sessions(5),
+              window.Sessions(30), window.GlobalWindows()]
+COMBINERS = [window.TimestampCombiner.OUTPUT_AT_EOW, window.TimestampCombiner.OUTPUT_AT_EARLIEST,
+             window.TimestampCombiner.OUTPUT_AT_LATEST]  # EARLIEST_TRANSFORMED has no proto
+MODES = [trigger.AccumulationMode.DISCARDING, trigger.AccumulationMode.ACCUMULATING]
+
+
+def _grouping(windowing: Windowing, by_window: bool) -> tuple[Grouping, PipelineContext]:
+    ctx = PipelineContext()
+    window_coder = windowing.windowfn.get_window_coder()
+    pre = coders.WindowedValueCoder(
+        coders.TupleCoder([coders.StrUtf8Coder(), coders.VarIntCoder()]), window_coder)
+    post = coders.WindowedValueCoder(
+        coders.TupleCoder([coders.StrUtf8Coder(), coders.IterableCoder(coders.VarIntCoder())]),
+        window_coder)
+    grouping = Grouping(b"buffer", "GroupByKey", ctx.coders.get_id(pre),
+                        ctx.coders.get_id(post), ctx.windowing_strategies.get_id(windowing),
+                        by_window=by_window)
+    return grouping, ctx
+
+
+def _encoded(windowing: Windowing, grouping: Grouping, ctx: PipelineContext, key: str,
+             events: list[tuple[int, int]]) -> list[bytes]:
+    impl = ctx.coders[grouping.input_coder_id].get_impl()
+    out = []
+    for micros, value in events:
+        ts = Timestamp(micros=micros)
+        windows = windowing.windowfn.assign(window.WindowFn.AssignContext(ts, element=value))
+        out.append(impl.encode_nested(WindowedValue((key, value), ts, windows)))
+    return out
+
+
+_EVENTS = st.lists(st.tuples(st.integers(-50_000_000, 200_000_000),
+                             st.integers(-(2 ** 63), 2 ** 63 - 1)), min_size=1, max_size=40)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(wfn=st.sampled_from(WINDOW_FNS), combiner=st.sampled_from(COMBINERS),
+       mode=st.sampled_from(MODES), lateness=st.sampled_from([0, 10]),
+       key=st.sampled_from(["a", "é", ""]), events=_EVENTS)
+def test_by_window_equals_beams_trigger_driver(wfn, combiner, mode, lateness, key,  # type: ignore[no-untyped-def]
+                                               events) -> None:
+    windowing = Windowing(wfn, triggerfn=trigger.DefaultTrigger(), accumulation_mode=mode,
+                          timestamp_combiner=combiner, allowed_lateness=lateness)
+    if windowing.is_default():  # GroupingBuffer's own list: not the runner's to group
+        assert not groups_by_window(windowing.to_runner_api(PipelineContext()))
+        return
+    assert groups_by_window(windowing.to_runner_api(PipelineContext()))
+    ours, ctx = _grouping(windowing, by_window=True)
+    beams, _ = _grouping(windowing, by_window=False)
+    values = _encoded(windowing, ours, ctx, key, events)
+    by_window = grouper_for(ours, ctx)
+    assert isinstance(by_window, ByWindowGrouper)
+    assert by_window.group(values) == TriggerDriverGrouper(beams, ctx).group(values)
+
+
+@pytest.mark.parametrize("trig", [trigger.AfterWatermark(), trigger.AfterCount(2),
+                                  trigger.Repeatedly(trigger.AfterCount(1))])
+def test_other_triggers_keep_beams_driver(trig) -> None:  # type: ignore[no-untyped-def]
+    windowing = Windowing(window.Sessions(5), triggerfn=trig,
+                          accumulation_mode=trigger.AccumulationMode.DISCARDING)
+    assert not groups_by_window(windowing.to_runner_api(PipelineContext()))
+
+
+def test_merged_sessions_keep_the_drivers_pane_and_value_order() -> None:
+    windowing = Windowing(window.Sessions(10))
+    grouping, ctx = _grouping(windowing, by_window=True)
+    # 3 and 30 start their own sessions; 12 bridges 3's into one with 5.
+    values = _encoded(windowing, grouping, ctx, "k",
+                      [(3_000_000, 1), (30_000_000, 2), (12_000_000, 3), (5_000_000, 4)])
+    post = ctx.coders[grouping.output_coder_id].get_impl()
+    (chunk,) = grouper_for(grouping, ctx).group(values)
+    stream = create_InputStream(chunk)
+    grouped = []
+    while stream.size() > 0:
+        grouped.append(post.decode_from_stream(stream, True))
+    assert [(g.value[0], list(g.value[1]), g.windows[0].start.micros, g.windows[0].end.micros,
+             g.timestamp.micros) for g in grouped] == [
+        ("k", [1, 3, 4], 3_000_000, 22_000_000, 21_999_000),  # the coder keeps millis
+        ("k", [2], 30_000_000, 40_000_000, 39_999_000)]
+    assert {(g.pane_info.is_first, g.pane_info.is_last, g.pane_info.timing) for g in grouped} == {
+        (True, False, PaneInfoTiming.ON_TIME)}
