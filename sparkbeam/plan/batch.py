@@ -2,7 +2,7 @@
 
 Text reads go to Spark's text source where that reads Beam's lines exactly (`native_text.py`,
 `--spark_native`), and windowed GroupByKeys under the default trigger are grouped per window
-without Beam's trigger driver (`Grouping.by_window`, also `--spark_native`); ReadFromSpark and
+without Beam's trigger driver (`plan/grouping_paths.py`, also `--spark_native`); ReadFromSpark and
 WriteToSpark always become parts of the Spark plan (`native_spark.py`): their expansions would
 start a SparkSession inside a Spark task.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.plan.grouping_paths import grouping_decisions
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.native_spark import (
     overwritten_sources,
@@ -70,20 +70,4 @@ def plan_batch(
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions)
-                   + _grouping_decisions(plan)))
-
-
-def _grouping_decisions(plan: Plan) -> tuple[str, ...]:
-    """How each windowed GroupByKey is grouped, and why (the global window's are Beam's list,
-    or its pass-through driver for Reshuffle's trigger: not worth a line each)."""
-    comps = beam_runner_api_pb2.Components.FromString(plan.components)
-    out = []
-    for grouping in sorted(plan.groupings.values(), key=lambda g: g.transform_id):
-        strategy = comps.windowing_strategies[grouping.windowing_strategy_id]
-        if grouping.by_window:
-            out.append(f"{grouping.transform_id}: grouped per window by the runner (default "
-                       "trigger: one on-time pane per window)")
-        elif strategy.window_fn.urn != common_urns.global_windows.urn:
-            out.append(f"{grouping.transform_id}: Beam's trigger driver (trigger "
-                       f"{strategy.trigger.WhichOneof('trigger')})")
-    return tuple(out)
+                   + grouping_decisions(plan)))

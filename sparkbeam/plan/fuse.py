@@ -15,7 +15,6 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from apache_beam.portability import common_urns
 from apache_beam.portability.api import (
     beam_fn_api_pb2,
     beam_runner_api_pb2,
@@ -27,6 +26,7 @@ from apache_beam.utils import proto_utils
 
 from sparkbeam import urns
 from sparkbeam.errors import PlanningError
+from sparkbeam.plan.grouping_paths import groups_by_window
 from sparkbeam.plan.model import (
     IMPULSE_BUFFER,
     Grouping,
@@ -262,29 +262,16 @@ def _groupings(
         if in_pc not in channel_coders or out_pc not in channel_coders:
             continue  # not executed (e.g. inside a composite that was replaced)
         buffer_id = translations.create_buffer_id(tid, kind="group")
+        strategy = comps.windowing_strategies[comps.pcollections[in_pc].windowing_strategy_id]
         out[buffer_id] = Grouping(
             buffer_id=buffer_id,
             transform_id=t.unique_name or tid,
             input_coder_id=channel_coders[in_pc],
             output_coder_id=channel_coders[out_pc],
             windowing_strategy_id=comps.pcollections[in_pc].windowing_strategy_id,
-            by_window=groups_by_window(
-                comps.windowing_strategies[comps.pcollections[in_pc].windowing_strategy_id]),
+            by_window=groups_by_window(strategy),
         )
     return out
-
-
-def groups_by_window(strategy: beam_runner_api_pb2.WindowingStrategy) -> bool:
-    """Whether batch groups a GroupByKey of this windowing per window itself: the default
-    trigger fires each window once, so Beam's trigger driver adds nothing (`engine/grouping.py`).
-    Beam's `Windowing.is_default()` case keeps `GroupingBuffer`'s own list (its pane is last)."""
-    if strategy.trigger.WhichOneof("trigger") != "default":
-        return False
-    trivial = (strategy.window_fn.urn == common_urns.global_windows.urn
-               and strategy.accumulation_mode == beam_runner_api_pb2.AccumulationMode.DISCARDING
-               and strategy.output_time == beam_runner_api_pb2.OutputTime.END_OF_WINDOW
-               and strategy.allowed_lateness == 0)
-    return not trivial
 
 
 def _descriptor(

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkbeam.engine.grouping import ByWindowGrouper, TriggerDriverGrouper, grouper_for
-from sparkbeam.plan.fuse import groups_by_window
+from sparkbeam.plan.grouping_paths import groups_by_window
 from sparkbeam.plan.model import Grouping
 
 WINDOW_FNS = [window.FixedWindows(60), window.FixedWindows(7, 3), window.FixedWindows(1),
