@@ -31,7 +31,8 @@ from typing import Any, Protocol
 
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
 from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
-from apache_beam.transforms.window import TimestampCombiner, WindowFn
+from apache_beam.transforms.window import IntervalWindow, Sessions, TimestampCombiner, WindowFn
+from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 from sparkbeam.plan.model import Grouping
@@ -92,6 +93,9 @@ class ByWindowGrouper:
         self._post = ctx.coders[grouping.output_coder_id].get_impl()
         self._window_fn = windowing.windowfn
         self._merging = windowing.windowfn.is_merging()
+        # Beam's own Sessions merges on integer micros here (`_merge_sessions`); any other
+        # merging window function through its `merge`.
+        self._sessions = type(windowing.windowfn) is Sessions
         self._stamp = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
 
     def group(self, values: list[bytes]) -> list[bytes]:
@@ -110,7 +114,7 @@ class ByWindowGrouper:
                 else:
                     found.append((value, timestamp))
         if self._merging and windows:
-            windows = self._merge(windows)
+            windows = self._merge_sessions(windows) if self._sessions else self._merge(windows)
         out = create_OutputStream()
         stamp = self._stamp
         for window, entries in windows.items():
@@ -120,6 +124,41 @@ class ByWindowGrouper:
                                     (window,), ON_TIME_PANE)
             self._post.encode_to_stream(grouped, out, True)
         return [out.get()] if windows else []
+
+    @staticmethod
+    def _merge_sessions(windows: dict[Any, list[tuple[Any, Any]]]
+                        ) -> dict[Any, list[tuple[Any, Any]]]:
+        """`Sessions.merge`, on the windows' micros: windows sorted by start, a run of windows
+        each starting before the run's end so far merges into [first start, run end); a window
+        equal to its run's result is not merged away. Then, as `_merge`, values follow their
+        windows in first-appearance order."""
+        into: dict[Any, Any] = {}
+        run: list[Any] = []
+        end = 0
+
+        def close() -> None:
+            if len(run) > 1:
+                start = run[0]._start_micros
+                result = IntervalWindow(Timestamp(micros=start), Timestamp(micros=end))
+                for window in run:
+                    if window._start_micros != start or window._end_micros != end:
+                        into[window] = result
+
+        for window in sorted(windows, key=lambda w: w._start_micros):
+            if run and end > window._start_micros:
+                run.append(window)
+                end = max(end, window._end_micros)
+            else:
+                close()
+                run = [window]
+                end = window._end_micros
+        close()
+        if not into:
+            return windows
+        merged: dict[Any, list[tuple[Any, Any]]] = {}
+        for window, entries in windows.items():
+            merged.setdefault(into.get(window, window), []).extend(entries)
+        return merged
 
     def _merge(self, windows: dict[Any, list[tuple[Any, Any]]]
                ) -> dict[Any, list[tuple[Any, Any]]]:

@@ -51,8 +51,12 @@ def _encoded(windowing: Windowing, grouping: Grouping, ctx: PipelineContext, key
     return out
 
 
-_EVENTS = st.lists(st.tuples(st.integers(-50_000_000, 200_000_000),
-                             st.integers(-(2 ** 63), 2 ** 63 - 1)), min_size=1, max_size=40)
+# Whole seconds too, so sessions touch exactly (end == next start: not merged) and windows
+# share bounds.
+_MICROS = st.one_of(st.integers(-50_000_000, 200_000_000),
+                    st.integers(-50, 200).map(lambda s: s * 1_000_000))
+_EVENTS = st.lists(st.tuples(_MICROS, st.integers(-(2 ** 63), 2 ** 63 - 1)),
+                   min_size=1, max_size=40)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -101,3 +105,16 @@ def test_merged_sessions_keep_the_drivers_pane_and_value_order() -> None:
         ("k", [2], 30_000_000, 40_000_000, 39_999_000)]
     assert {(g.pane_info.is_first, g.pane_info.is_last, g.pane_info.timing) for g in grouped} == {
         (True, False, PaneInfoTiming.ON_TIME)}
+
+
+@pytest.mark.parametrize("events", [
+    [(0, 1), (5_000_000, 2)],  # touching: [0, 5) and [5, 10) stay apart
+    [(0, 1), (4_999_999, 2), (9_999_998, 3)],  # a chain of overlaps: one session
+    [(7_000_000, 1), (0, 2), (3_000_000, 3), (20_000_000, 4), (7_000_000, 5)],  # out of order
+])
+def test_sessions_edges_equal_beams_driver(events) -> None:  # type: ignore[no-untyped-def]
+    windowing = Windowing(window.Sessions(5))
+    ours, ctx = _grouping(windowing, by_window=True)
+    beams, _ = _grouping(windowing, by_window=False)
+    values = _encoded(windowing, ours, ctx, "k", events)
+    assert grouper_for(ours, ctx).group(values) == TriggerDriverGrouper(beams, ctx).group(values)
