@@ -2,8 +2,8 @@
 
 Beam's FnApiRunner groups with `GroupingBuffer`: in the global window with the default trigger
 it lists a key's values itself; any other windowing goes through Beam's `GeneralTriggerDriver`
-(per-key state objects, a timer per window, a merge context per element batch), which cost
-~300 µs per value for sessions under a profiler and was 95 % of a sessions stage.
+(per-key state objects, a timer per window, a merge context per element batch): measured
+in-process, a sessions reduce stage took 93 µs an event, 95 % of it in the driver.
 
 Under the default trigger a batch run fires each window exactly once, and the trigger driver's
 output is fully determined by the window function and the timestamp combiner (read off
@@ -20,9 +20,11 @@ output is fully determined by the window function and the timestamp combiner (re
 - the output timestamp is the combiner's `merge` over `assign_output_time` of the window's
   values, the window being the merged one (the driver's watermark hold).
 
-`ByWindowGrouper` does exactly that in one pass, and `tests/integration/test_grouping.py` holds it
-equal to FnApiRunner on Hypothesis inputs. Other triggers keep Beam's driver
-(`TriggerDriverGrouper`); `Grouping.by_window` (chosen at Prepare) says which.
+`ByWindowGrouper` does exactly that in one pass (10.9 µs an event for that stage, most of it
+the SDK's): `tests/unit/engine/test_grouping.py` holds it byte-equal to Beam's driver on
+Hypothesis keys, `tests/integration/test_grouping.py` equal to FnApiRunner end to end. Other
+triggers keep Beam's driver (`TriggerDriverGrouper`); `Grouping.by_window` (chosen at planning,
+`plan/grouping_paths.py`) says which.
 """
 from __future__ import annotations
 
