@@ -15,7 +15,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.plan.fuse import plan_pipeline
-from sparkbeam.plan.grouping_paths import grouping_decisions
+from sparkbeam.plan.grouping_paths import grouping_decisions, unlifted_decisions
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.native_spark import (
     overwritten_sources,
@@ -45,7 +45,7 @@ def plan_batch(
         rewritten, reads, decisions = (translate_text_reads(proto, skip) if native
                                        else (proto, {}, []))
         plan = plan_pipeline(rewritten, pickle_library=pickle_library, is_drain=is_drain,
-                             runner_urns=frozenset([urns.WRITE_TO_SPARK]))
+                             runner_urns=frozenset([urns.WRITE_TO_SPARK]), beam_phases=not native)
         if not reads:
             break
         ctx = PipelineContext(beam_runner_api_pb2.Components.FromString(plan.components))
@@ -70,4 +70,5 @@ def plan_batch(
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions)
-                   + grouping_decisions(plan)))
+                   + grouping_decisions(plan)
+                   + (unlifted_decisions(proto.components) if native else ())))

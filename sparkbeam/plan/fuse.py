@@ -26,7 +26,7 @@ from apache_beam.utils import proto_utils
 
 from sparkbeam import urns
 from sparkbeam.errors import PlanningError
-from sparkbeam.plan.grouping_paths import groups_by_window
+from sparkbeam.plan.grouping_paths import groups_by_window, lift_combiners_unless_merging
 from sparkbeam.plan.model import (
     IMPULSE_BUFFER,
     Grouping,
@@ -44,7 +44,8 @@ _LOG = logging.getLogger(__name__)
 # The data-plane "address" written into descriptors; the embedded worker ignores it.
 EMBEDDED_URL = "sparkbeam:embedded"
 
-PHASES = [
+# Beam's phases, as FnApiRunner runs them (streaming; batch with --spark_native=off).
+BEAM_PHASES = [
     translations.annotate_downstream_side_inputs,
     translations.annotate_stateful_dofns_as_roots,
     translations.fix_side_input_pcoll_coders,
@@ -81,10 +82,13 @@ def _consumers_of_sdfs_as_roots(
         yield stage
 
 
+# Batch: combiners over merging windows stay unlifted (`grouping_paths.py`).
+PHASES = [lift_combiners_unless_merging if phase is translations.lift_combiners else phase
+          for phase in BEAM_PHASES]
 STREAMING_PHASES = [
-    *PHASES[:PHASES.index(translations.greedily_fuse)],
+    *BEAM_PHASES[:BEAM_PHASES.index(translations.greedily_fuse)],
     _consumers_of_sdfs_as_roots,
-    *PHASES[PHASES.index(translations.greedily_fuse):],
+    *BEAM_PHASES[BEAM_PHASES.index(translations.greedily_fuse):],
 ]
 
 
@@ -95,13 +99,16 @@ def plan_pipeline(
     is_drain: bool = False,
     streaming: bool = False,
     runner_urns: frozenset[str] = frozenset(),
+    beam_phases: bool = False,
 ) -> Plan:
     """Fuses `proto` into stages and describes each for the executor; `runner_urns` are
-    leaves the runner executes besides Flatten and GroupByKey (each gets a stage of its own)."""
+    leaves the runner executes besides Flatten and GroupByKey (each gets a stage of its own);
+    `beam_phases`: batch fused exactly as FnApiRunner fuses (`--spark_native=off`)."""
+    phases = STREAMING_PHASES if streaming else BEAM_PHASES if beam_phases else PHASES
     try:
         context, stages = translations.create_and_optimize_stages(
             copy.deepcopy(proto),
-            phases=STREAMING_PHASES if streaming else PHASES,
+            phases=phases,
             known_runner_urns=frozenset(
                 [urns.FLATTEN, urns.GROUP_BY_KEY] + ([urns.TEST_STREAM] if streaming else [])
             ) | runner_urns,

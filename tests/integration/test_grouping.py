@@ -71,8 +71,11 @@ def test_default_trigger_grouped_per_window_equals_fnapi(shape, events, wfn, com
     build = _pipeline(events, wfn, combiner, combine)
     trivial = isinstance(wfn, window.GlobalWindows) and (
         combiner == window.TimestampCombiner.OUTPUT_AT_EOW)
-    by_window = [d for d in _decisions(build) if "grouped per window by the runner" in d]
-    assert len(by_window) == (0 if trivial else 1)
+    decisions = _decisions(build)
+    by_window = [d for d in decisions if "grouped per window by the runner" in d]
+    assert len(by_window) == (0 if trivial else 1), decisions
+    unlifted = [d for d in decisions if d.startswith("Sum: combined after its GroupByKey")]
+    assert len(unlifted) == (1 if combine and isinstance(wfn, window.Sessions) else 0), decisions
     assert run_and_collect(build, SparkRunner(), SHAPES[shape]) == run_and_collect(
         build, FnApiRunner())
 

@@ -118,3 +118,22 @@ def test_sessions_edges_equal_beams_driver(events) -> None:  # type: ignore[no-u
     beams, _ = _grouping(windowing, by_window=False)
     values = _encoded(windowing, ours, ctx, "k", events)
     assert grouper_for(ours, ctx).group(values) == TriggerDriverGrouper(beams, ctx).group(values)
+
+
+def test_batch_leaves_a_combine_over_sessions_unlifted_and_streaming_keeps_beams_phases() -> None:
+    import apache_beam as beam
+
+    from sparkbeam.plan.fuse import plan_pipeline
+
+    p = beam.Pipeline()
+    _ = (p | beam.Create([("a", 1)]) | beam.WindowInto(window.Sessions(5))
+         | "Sum" >> beam.CombinePerKey(sum))
+    proto = p.to_runner_api()
+
+    def names(plan) -> set[str]:  # type: ignore[no-untyped-def]
+        return {t for s in plan.stages for t in s.transforms}
+
+    assert "Sum/Combine" in names(plan_pipeline(proto))
+    assert not any("Precombine" in t for t in names(plan_pipeline(proto)))
+    assert "Sum/Precombine" in names(plan_pipeline(proto, beam_phases=True))
+    assert "Sum/Precombine" in names(plan_pipeline(proto, streaming=True))
