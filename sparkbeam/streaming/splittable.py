@@ -110,8 +110,10 @@ class SplittableKey:
         name a `topic` and a `partition`, as ReadFromKafka's do)."""
         names = set()
         for n, element, _ in left:
-            # (element, (restriction, watermark estimator state)), size
-            original = self._input_impls[n].decode_nested(element).value[0][0]
+            try:  # (element, (restriction, watermark estimator state)), size
+                original = self._input_impls[n].decode_nested(element).value[0][0]
+            except Exception:  # noqa: BLE001 - a label is optional; the key's total still counts
+                continue
             topic = getattr(original, "topic", None)
             partition = getattr(original, "partition", None)
             if isinstance(topic, str) and isinstance(partition, int):

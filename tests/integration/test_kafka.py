@@ -11,8 +11,8 @@ import time
 import uuid
 
 import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
 import pytest
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import window
