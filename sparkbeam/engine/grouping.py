@@ -116,7 +116,9 @@ class ByWindowGrouper:
                 else:
                     found.append((value, timestamp))
         if self._merging and windows:
-            windows = self._merge_sessions(windows) if self._sessions else self._merge(windows)
+            into = self._merge_sessions(windows) if self._sessions else self._merge(windows)
+            if into:
+                windows = _regroup(windows, into)
         out = create_OutputStream()
         stamp = self._stamp
         for window, entries in windows.items():
@@ -128,12 +130,10 @@ class ByWindowGrouper:
         return [out.get()] if windows else []
 
     @staticmethod
-    def _merge_sessions(windows: dict[Any, list[tuple[Any, Any]]]
-                        ) -> dict[Any, list[tuple[Any, Any]]]:
+    def _merge_sessions(windows: Iterable[Any]) -> dict[Any, Any]:
         """`Sessions.merge`, on the windows' micros: windows sorted by start, a run of windows
         each starting before the run's end so far merges into [first start, run end); a window
-        equal to its run's result is not merged away. Then, as `_merge`, values follow their
-        windows in first-appearance order."""
+        equal to its run's result is not merged away. Merged-away window -> its result."""
         into: dict[Any, Any] = {}
         run: list[Any] = []
         end = 0
@@ -155,23 +155,24 @@ class ByWindowGrouper:
                 run = [window]
                 end = window._end_micros
         close()
-        if not into:
-            return windows
-        merged: dict[Any, list[tuple[Any, Any]]] = {}
-        for window, entries in windows.items():
-            merged.setdefault(into.get(window, window), []).extend(entries)
-        return merged
+        return into
 
-    def _merge(self, windows: dict[Any, list[tuple[Any, Any]]]
-               ) -> dict[Any, list[tuple[Any, Any]]]:
+    def _merge(self, windows: Iterable[Any]) -> dict[Any, Any]:
+        """The window function's own `merge`: merged-away window -> its result."""
         # The driver passes a set of the windows (its known windows, none for a fresh key).
         merges = _Merges(set(windows))
         self._window_fn.merge(merges)
-        if not merges.into:
-            return windows
-        merged: dict[Any, list[tuple[Any, Any]]] = {}
-        for window, entries in windows.items():
-            while window in merges.into:
-                window = merges.into[window]
-            merged.setdefault(window, []).extend(entries)
-        return merged
+        return merges.into
+
+
+def _regroup(windows: dict[Any, list[tuple[Any, Any]]], into: dict[Any, Any]
+             ) -> dict[Any, list[tuple[Any, Any]]]:
+    """The values under their merged windows, as the driver lists them: windows in order of
+    first appearance, each merged-away window's values after its result's so far (chained
+    merges followed to the end)."""
+    merged: dict[Any, list[tuple[Any, Any]]] = {}
+    for window, entries in windows.items():
+        while window in into:
+            window = into[window]
+        merged.setdefault(window, []).extend(entries)
+    return merged

@@ -4,8 +4,10 @@ The one module that knows where things are under `--checkpoint_dir` (no pyspark)
 
     offsets/<batch>                 Spark's offset log (Spark writes it; read here only)
     sparkbeam-pipeline.json         the pipeline the directory belongs to (`pipeline_record.py`)
-    commits/, state/, sources/      Spark's own (never read here)
+    commits/<batch>                 Spark's commit log (read: which batches have committed)
+    state/, sources/                Spark's own (never read here)
     sides/<tag>/batch-B-part-P      one task's elements of a side-input buffer in batch B
+    staged/<n>/batch-B-part-P       exactly-once write n's input of batch B, until written
     holds/<label>/batch-B-part-P    one holding task's earliest hold at the end of batch B
     drain                           present once the job is asked to drain
 
