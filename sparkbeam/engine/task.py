@@ -23,7 +23,8 @@ from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.control.worker import Worker
 from sparkbeam.engine import context
-from sparkbeam.engine.arrow import ArrowRows
+from sparkbeam.engine.arrow import ArrowRows, Columns
+from sparkbeam.engine.direct import DirectRun, direct_program
 from sparkbeam.engine.bundles import Bundle, Row, column_bundles, keyed_bundles, plain_bundles
 from sparkbeam.engine.program import Chunks, OutRow, program_for
 from sparkbeam.engine.run import StageRun
@@ -109,6 +110,9 @@ def _run_leased(
                     if spec.rebalance_address and stage.kind is StageKind.SPLITTABLE else None)
         if stage.kind.keyed:
             bundles = keyed_bundles(rows, spec.bundle_size, spec.bundle_bytes, program.groupers)
+        elif stage.direct is not None and isinstance(rows, ArrowRows):
+            yield from _run_direct(spec, run, rows)
+            bundles = iter(())
         elif stage.kind is StageKind.PLAIN and isinstance(rows, ArrowRows):
             bundles = column_bundles(rows.columns(), spec.bundle_size, spec.bundle_bytes,
                                      always=not stage.inputs)
@@ -134,6 +138,21 @@ def _run_leased(
     encoded_key = json.dumps(key.__dict__).encode()
     for info in infos:
         yield METRICS_TAG, encoded_key, info.SerializeToString()
+
+
+def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows) -> Iterator[OutRow]:
+    """The stage's functions called directly (`engine/direct.py`); the bundle processor takes
+    over from the first batch they cannot run as Beam would."""
+    direct = DirectRun(direct_program(spec.stage, spec.components))
+
+    def general(columns: Iterator[Columns]) -> Iterator[OutRow]:
+        for bundle in column_bundles(columns, spec.bundle_size, spec.bundle_bytes):
+            yield from _run_bundle(run, bundle, None)
+
+    try:
+        yield from direct.run(rows.columns(), general)
+    finally:
+        run.infos.extend(direct.infos)
 
 
 def _run_bundle(run: StageRun, bundle: Bundle, splitter: TaskSplitter | None

@@ -1,8 +1,10 @@
 """The batch plan: Beam's fusion with the native translations around it.
 
 Text reads go to Spark's text source where that reads Beam's lines exactly (`native_text.py`,
-`--spark_native`), and windowed GroupByKeys under the default trigger are grouped per window
-without Beam's trigger driver (`plan/grouping_paths.py`, also `--spark_native`); ReadFromSpark and
+`--spark_native`), plain stages of Map/FlatMap/Filter functions call them without Beam's bundle
+processor (`direct_paths.py`, also `--spark_native`), and windowed GroupByKeys under the default
+trigger are grouped per window without Beam's trigger driver (`plan/grouping_paths.py`, also
+`--spark_native`); ReadFromSpark and
 WriteToSpark always become parts of the Spark plan (`native_spark.py`): their expansions would
 start a SparkSession inside a Spark task.
 """
@@ -14,6 +16,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
+from sparkbeam.plan.direct_paths import with_direct_chains
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.grouping_paths import grouping_decisions, unlifted_decisions
 from sparkbeam.plan.model import Plan
@@ -67,8 +70,11 @@ def plan_batch(
             b: dataclasses.replace(g, by_window=False) for b, g in plan.groupings.items()})
     stages, writes = split_runner_writes(plan, spark_writes, "WriteToSpark")
     plan = with_constant_windowing(dataclasses.replace(plan, stages=stages), spark_reads)
+    direct: tuple[str, ...] = ()
+    if native:  # else Beam's bundle processor runs every stage
+        plan, direct = with_direct_chains(plan)
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions)
                    + grouping_decisions(plan)
-                   + (unlifted_decisions(proto.components) if native else ())))
+                   + (unlifted_decisions(proto.components) if native else ()) + direct))

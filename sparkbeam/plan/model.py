@@ -100,6 +100,20 @@ class Grouping:
 
 
 @dataclass(frozen=True)
+class DirectChain:
+    """A plain stage whose Map/FlatMap/Filter functions (and lifted combiner) batch calls
+    directly (`plan/direct_paths.py`): its input's data transform, the ParDos in order
+    (transform id, output PCollection), the pre-combine ending the chain if any, the output's
+    data transform, and every PCollection the chain reads or writes, in order."""
+
+    input_transform: str
+    steps: tuple[tuple[str, str], ...]
+    combine: str | None
+    output_transform: str
+    pcollections: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Stage:
     """A fused stage: one ProcessBundleDescriptor run as Spark tasks."""
 
@@ -116,6 +130,7 @@ class Stage:
     kind: StageKind = StageKind.PLAIN
     environment_id: str = ""  # the SDK environment its transforms run in
     environment: bytes = b""  # that Environment, serialized (tasks pick their worker by it)
+    direct: DirectChain | None = None  # batch: its functions called without the SDK's harness
 
     @property
     def display(self) -> str:

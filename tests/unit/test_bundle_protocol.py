@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sparkbeam.control.bundle_protocol import (
     DATA_CHANNEL_READ_INDEX_URN,
+    KEEP_FINISHED,
     AttemptedMetrics,
     BundleFailed,
     BundleProtocol,
@@ -109,6 +110,25 @@ def test_descriptor_registered_once_across_many_bundles_and_again_after_restart(
         [RegisterDescriptor("desc-1"), ProcessBundle("again-1", "desc-1")],
         [ProcessBundle("again-2", "desc-1")]]
     assert machine.counters.descriptors_registered == 3
+
+
+def test_only_the_last_finished_bundles_are_kept_and_every_one_is_counted(
+        machine: BundleProtocol) -> None:
+    # A worker lives as long as its process: thousands of bundles must not pile up.
+    for i in range(1000):
+        events = fed(f"b-{i:04d}", 1)
+        events.append(BundleSucceeded(f"b-{i:04d}", ok(), now=i) if i % 7
+                      else BundleFailed(f"b-{i:04d}", "boom"))
+        run(machine, events)
+    run(machine, fed("running", 1))
+    kept = machine.bundle_states
+    assert len(kept) <= 2 * KEEP_FINISHED + 1 and kept["running"] is BundleState.INPUT_CLOSED
+    assert "b-0999" in kept and "b-0000" not in kept
+    c = machine.counters
+    assert (c.bundles_started, c.bundles_succeeded, c.bundles_failed) == (1001, 857, 143)
+    # A late answer about a forgotten bundle is refused as unknown, never applied.
+    with pytest.raises(ProtocolError, match="unknown bundle b-0001"):
+        machine.handle(ProgressReported("b-0001", ()))
 
 
 # ---- success: checkpoints, finalization, metrics ------------------------------------------------

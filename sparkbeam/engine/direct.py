@@ -1,0 +1,393 @@
+"""A plain stage's Map/FlatMap/Filter functions called directly (no pyspark, no bundle processor).
+
+`plan/direct_paths.py` chooses the stages and says why. Here each Arrow batch of the task's input
+is decoded with the stage's input coder, passed through the functions one step at a time (each
+called as Beam's invoker calls it, each result wrapped in its input's window, timestamp and pane
+as Beam's `_OutputHandler` does), and either encoded with the output coder or added to the lifted
+combiner's table, which mirrors Beam's `PGBKCVOperation` under the default windowing (one
+accumulator per key, the oldest tenth flushed past `max_keys`, `compact` on output).
+
+Anything Beam would treat otherwise hands the batch and the rest of the task to the bundle
+processor (`fallback`), after flushing the table (partial accumulators are what a pre-combine
+emits anyway): a result that is a `TimestampedValue`, `WindowedValue` or `TaggedOutput`, an
+element the combiner cannot split into key and value, and any exception, which the bundle
+processor then raises with Beam's own message. A batch is all or nothing: its outputs and
+metrics count only once all of it has gone through, so nothing is counted twice. The one thing
+that cannot be undone is a combiner's `add_input` failing half-way through a batch (it may have
+changed accumulators in place): the table is dropped and the rest goes to the bundle processor,
+which must fail too; if it does not, the task fails rather than lose the dropped values.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from apache_beam.coders.coder_impl import create_InputStream
+from apache_beam.metrics import monitoring_infos
+from apache_beam.metrics.execution import MetricsContainer
+from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, metrics_pb2
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.runners.common import NameContext
+from apache_beam.runners.worker import statesampler
+from apache_beam.transforms import combiners, core
+from apache_beam.transforms.window import GlobalWindows, TimestampedValue
+from apache_beam.utils.counters import CounterFactory
+from apache_beam.utils.windowed_value import WindowedValue
+
+from sparkbeam.engine import context
+from sparkbeam.engine.arrow import Columns
+from sparkbeam.engine.program import OutRow
+from sparkbeam.plan.direct_paths import call_of, loaded_dofn
+from sparkbeam.plan.model import Stage
+from sparkbeam.plan.native_text import wire_prefix
+
+# Results Beam's output handler treats otherwise than wrapping them in the input's window.
+_SPECIAL = (TimestampedValue, WindowedValue, TaggedOutput)
+_GLOBAL = GlobalWindows.windowed_value(None)  # what PGBKCVOperation outputs in
+
+
+class _Fallback(Exception):
+    """This batch and the rest of the task go to the bundle processor."""
+
+
+@dataclass(frozen=True)
+class _Step:
+    transform_id: str
+    name: str
+    out_pcoll: str
+    process: Callable[..., Iterable[Any] | None]
+    element_at: int  # where the element goes in `args`
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Combine:
+    transform_id: str
+    name: str
+    fn: Any  # Beam's curried CombineFn
+    compact: Callable[[Any], Any] | None
+    max_keys: int
+
+
+class DirectProgram:
+    """What a task needs to run `stage.direct`; built once per process (`direct_program`)."""
+
+    def __init__(self, stage: Stage, components: bytes) -> None:
+        chain = stage.direct
+        assert chain is not None
+        ctx = context.pipeline_context(components)
+        descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
+        self.stage = stage
+        self.pcollections = chain.pcollections
+        self.in_impl = ctx.coders[stage.inputs[0].coder_id].get_impl()
+        out = stage.outputs[0]
+        self.out_impl = ctx.coders[out.coder_id].get_impl()
+        self.key_impl = ctx.coders[out.key_coder_id].get_impl() if out.key_coder_id else None
+        # A text read's lines (Spark's text source) share one window, timestamp and pane:
+        # their values are cut out of the batch's buffer at once (`text_lines`).
+        self.line_prefix = wire_prefix(self.in_impl)
+        self.line_window: WindowedValue | None = None
+        if self.line_prefix is not None:
+            self.line_window = self.in_impl.decode_nested(self.line_prefix + b"\x00")
+        steps = []
+        for tid, out_pcoll in chain.steps:
+            transform = descriptor.transforms[tid]
+            dofn = loaded_dofn(transform)[0]
+            call = call_of(dofn)
+            if call is None:  # planning checked this on the same DoFn
+                raise AssertionError(f"{transform.unique_name}: not a direct function")
+            at, args, kwargs = call
+            steps.append(_Step(tid, transform.unique_name, out_pcoll, dofn.process, at,
+                               tuple(args), kwargs))
+        self.steps = tuple(steps)
+        self.combine: _Combine | None = None
+        if chain.combine:
+            transform = descriptor.transforms[chain.combine]
+            payload = beam_runner_api_pb2.CombinePayload.FromString(transform.spec.payload)
+            fn = core.CombineFn.from_runner_api(payload.combine_fn, ctx)
+            curried = combiners.curry_combine_fn(fn, [], {})
+            compact = (None if curried.compact.__func__ is core.CombineFn.compact
+                       else curried.compact)
+            # PGBKCVOperation's bound on keys held (its "known tiny accumulator" list).
+            tiny = isinstance(fn, (combiners.CountCombineFn, combiners.MeanCombineFn)) or (
+                isinstance(fn, core.CallableWrapperCombineFn)
+                and fn._fn in (min, max, sum))  # noqa: SLF001 - Beam's own test
+            self.combine = _Combine(chain.combine, transform.unique_name, curried, compact,
+                                    1000 * 1000 if tiny else 100 * 1000)
+
+
+_PROGRAMS: dict[tuple[str, bytes, bytes], DirectProgram] = {}
+
+
+def direct_program(stage: Stage, components: bytes) -> DirectProgram:
+    """The stage's direct program, built once per process."""
+    key = (stage.label, stage.descriptor, components)
+    program = _PROGRAMS.get(key)
+    if program is None:
+        if len(_PROGRAMS) > 16:
+            _PROGRAMS.clear()
+        program = _PROGRAMS[key] = DirectProgram(stage, components)
+    return program
+
+
+class DirectRun:
+    """One task of a direct stage: batches in, rows and monitoring infos out."""
+
+    def __init__(self, program: DirectProgram) -> None:
+        self.program = program
+        self.table: dict[Any, list[Any]] = {}
+        self.infos: list[metrics_pb2.MonitoringInfo] = []
+        self.counts = [0] * len(program.pcollections)
+        self._combine_setup = False
+
+    def run(self, columns: Iterator[Columns],
+            fallback: Callable[[Iterator[Columns]], Iterator[OutRow]]) -> Iterator[OutRow]:
+        """Every batch of `columns`; from the first one it cannot run, `fallback` runs the
+        rest (that batch included)."""
+        combine = self.program.combine
+        if combine is not None:
+            combine.fn.setup()
+        try:
+            for col in columns:
+                try:
+                    rows = self._batch(col)
+                except _Fallback as exc:
+                    yield from self._flush()
+                    yield from self._fall_back(col, columns, fallback, exc.__cause__)
+                    return
+                yield from rows
+            yield from self._flush()
+        finally:
+            self.infos.extend(self._count_infos())
+            if combine is not None:
+                combine.fn.teardown()
+
+    def _fall_back(self, col: Columns, rest: Iterator[Columns],
+                   fallback: Callable[[Iterator[Columns]], Iterator[OutRow]],
+                   lost: BaseException | None) -> Iterator[OutRow]:
+        def columns() -> Iterator[Columns]:
+            yield col
+            yield from rest
+
+        yield from fallback(columns())
+        if isinstance(lost, _LostTable):
+            raise RuntimeError(
+                f"{lost.name}: add_input failed in the direct path but not in Beam's bundle "
+                f"processor; the task fails rather than lose values: {lost.__cause__!r}")
+
+    def _batch(self, col: Columns) -> list[OutRow]:
+        program = self.program
+        try:
+            values, wvs, src = self._decode(col)
+        except Exception as exc:  # noqa: BLE001 - the bundle processor raises Beam's error
+            raise _Fallback() from exc
+        counts = [len(values)]
+        sampler = statesampler.StateSampler("direct", CounterFactory())
+        previous = statesampler.get_current_tracker()
+        statesampler.set_current_tracker(sampler)
+        containers = []
+        try:
+            for step in program.steps:
+                container = MetricsContainer(step.transform_id)
+                containers.append((step.transform_id, container))
+                state = sampler.scoped_state(NameContext(step.name, step.transform_id),
+                                             "process", metrics_container=container)
+                with state:
+                    values, src = _apply(step, values, src)
+                counts.append(len(values))
+            if program.combine is not None:
+                container = MetricsContainer(program.combine.transform_id)
+                containers.append((program.combine.transform_id, container))
+                state = sampler.scoped_state(
+                    NameContext(program.combine.name, program.combine.transform_id),
+                    "process", metrics_container=container)
+                with state:
+                    rows = self._combine(values)
+                counts.append(0)  # counted when the table is flushed
+            else:
+                rows = self._encode(values, src, wvs)
+        except _Fallback:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Beam's bundle processor raises it its way
+            raise _Fallback() from exc
+        finally:
+            statesampler.set_current_tracker(previous)
+        for n, count in enumerate(counts):
+            self.counts[n] += count
+        for transform_id, container in containers:
+            self.infos.extend(container.to_runner_api_monitoring_infos(transform_id).values())
+        return rows
+
+    def _decode(self, col: Columns) -> tuple[list[Any], list[WindowedValue], list[int] | None]:
+        """The batch's values, their windowed values, and each value's index among those
+        (None: all have the first's)."""
+        program = self.program
+        if program.line_prefix is not None:
+            lines = text_lines(col, program.line_prefix)
+            if lines is not None and program.line_window is not None:
+                return lines, [program.line_window], None
+        stream = create_InputStream(bytes(col.data))
+        decode = program.in_impl.decode_from_stream
+        wvs = [decode(stream, True) for _ in range(len(col.inputs))]
+        return [wv.value for wv in wvs], wvs, list(range(len(wvs)))
+
+    def _encode(self, values: list[Any], src: list[int] | None, wvs: list[WindowedValue]
+                ) -> list[OutRow]:
+        encode = self.program.out_impl.encode_nested
+        key_impl = self.program.key_impl
+        if src is None:
+            wv = wvs[0]
+            if key_impl is None:
+                return [(0, None, encode(wv.with_value(v))) for v in values]
+            key = key_impl.encode_nested
+            return [(0, key(v[0]), encode(wv.with_value(v))) for v in values]
+        pairs = zip(src, values, strict=True)
+        if key_impl is None:
+            return [(0, None, encode(wvs[i].with_value(v))) for i, v in pairs]
+        key = key_impl.encode_nested
+        return [(0, key(v[0]), encode(wvs[i].with_value(v))) for i, v in pairs]
+
+    def _combine(self, values: list[Any]) -> list[OutRow]:
+        combine = self.program.combine
+        assert combine is not None
+        try:
+            pairs = [(k, v) for k, v in values]
+        except Exception as exc:  # noqa: BLE001 - not a key and a value: Beam's error
+            raise _Fallback() from exc
+        table = self.table
+        add = combine.fn.add_input
+        create = combine.fn.create_accumulator
+        rows: list[OutRow] = []
+        try:
+            for key, value in pairs:
+                entry = table.get(key)
+                if entry is None:
+                    if len(table) >= combine.max_keys:
+                        rows.extend(self._evict())
+                    entry = table[key] = [create()]
+                entry[0] = add(entry[0], value)
+        except Exception as exc:  # noqa: BLE001 - accumulators may be half-changed
+            self.table = {}
+            lost = _LostTable(combine.name)
+            lost.__cause__ = exc
+            raise _Fallback() from lost
+        return rows
+
+    def _evict(self) -> list[OutRow]:
+        """PGBKCVOperation's rule: the oldest keys out until nine tenths are left."""
+        target = len(self.table) * 9 // 10
+        old = []
+        for key in self.table:
+            old.append(key)
+            if len(self.table) - len(old) <= target:
+                break
+        rows = [self._output(key, self.table.pop(key)[0]) for key in old]
+        return rows
+
+    def _flush(self) -> list[OutRow]:
+        rows = [self._output(key, entry[0]) for key, entry in self.table.items()]
+        self.table = {}
+        return rows
+
+    def _output(self, key: Any, accumulator: Any) -> OutRow:
+        combine = self.program.combine
+        assert combine is not None
+        value = accumulator if combine.compact is None else combine.compact(accumulator)
+        self.counts[-1] += 1
+        element = self.program.out_impl.encode_nested(_GLOBAL.with_value((key, value)))
+        key_impl = self.program.key_impl
+        return 0, key_impl.encode_nested(key) if key_impl else None, element
+
+    def _count_infos(self) -> list[metrics_pb2.MonitoringInfo]:
+        counted = zip(self.program.pcollections, self.counts, strict=True)
+        return [monitoring_infos.int64_counter(monitoring_infos.ELEMENT_COUNT_URN, count,
+                                               pcollection=pcoll)
+                for pcoll, count in counted if count]
+
+
+def text_lines(col: Columns, prefix: bytes) -> list[str] | None:
+    """The strings of a batch of encoded lines (`prefix`, the UTF-8 length as a varint of up to
+    three bytes, the bytes), or None if an element is not one or is not valid UTF-8."""
+    n = len(col.inputs)
+    data = np.frombuffer(col.data, dtype=np.uint8)
+    starts = col.offsets[:-1]
+    total = np.diff(col.offsets) - len(prefix)
+    if n == 0 or total.min() < 1:
+        return None
+    if prefix:
+        head = data[starts[:, None] + np.arange(len(prefix))]
+        if not (head == np.frombuffer(prefix, dtype=np.uint8)).all():
+            return None
+    # The varint's width w solves w + length == total; its bytes must say that length.
+    width = np.where(total - 1 < 1 << 7, 1, np.where(total - 2 < 1 << 14, 2, 3))
+    length = total - width
+    if (length < 0).any() or (length >= 1 << 21).any():
+        return None
+    base = starts + len(prefix)
+    for k in range(3):
+        has = width > k
+        expected = (length >> (7 * k)) & 0x7F | np.where(width > k + 1, 0x80, 0)
+        if not (data[base[has] + k] == expected[has]).all():
+            return None
+    keep = np.ones(len(data), dtype=bool)
+    header = len(prefix) + width
+    for k in range(int(header.max())):
+        at = header > k
+        keep[starts[at] + k] = False
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(length, out=offsets[1:])
+    strings = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets),
+                                                pa.py_buffer(data[keep]))
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return strings.to_pylist()
+
+
+class _LostTable(Exception):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _apply(step: _Step, values: list[Any], src: list[int] | None
+           ) -> tuple[list[Any], list[int] | None]:
+    """One function over a batch's values, each result kept with its element's index in the
+    batch (`src`; None when every element has the same window, timestamp and pane)."""
+    out: list[Any] = []
+    process = step.process
+    args = list(step.args)
+    simple = step.args == (None,) and not step.kwargs
+    if src is None:  # results appended in bulk, their types checked once per batch
+        extend = out.extend
+        for value in values:
+            if simple:
+                results = process(value)
+            else:
+                args[step.element_at] = value
+                results = process(*args, **step.kwargs)
+            if results is not None:
+                extend(results)
+        if any(issubclass(t, _SPECIAL) for t in set(map(type, out))):
+            raise _Fallback()
+        return out, None
+    out_src: list[int] = []
+    for i, value in zip(src, values, strict=True):
+        if simple:
+            results = process(value)
+        else:
+            args[step.element_at] = value
+            results = process(*args, **step.kwargs)
+        if results is None:
+            continue
+        for result in results:
+            if isinstance(result, _SPECIAL):
+                raise _Fallback()
+            out.append(result)
+            out_src.append(i)
+    return out, out_src
