@@ -77,10 +77,11 @@ class SparkOptions(PipelineOptions):
             choices=["on", "off"],
             default="on",
             help="Batch: let Spark's own operators do what they do exactly as Beam would "
-            "(ReadFromText through Spark's text source), and group windowed GroupByKeys "
-            "under the default trigger per window without Beam's trigger driver; 'off' keeps "
-            "Beam's transforms and trigger driver everywhere. The job's log says which path "
-            "each transform took.",
+            "(ReadFromText through Spark's text source), group windowed GroupByKeys "
+            "under the default trigger per window without Beam's trigger driver, and call "
+            "plain stages' Map/FlatMap/Filter functions without Beam's bundle processor; "
+            "'off' keeps Beam's transforms, trigger driver and bundle processor everywhere. "
+            "The job's log says which path each transform took.",
         )
         add_argument(
             "--worker_connect_timeout",

@@ -8,6 +8,8 @@
 - `bundles`: cutting rows into bundles (keyed rows at key boundaries).
 - `grouping`: one key's GroupByKey values grouped by window in batch (the default trigger's
   output computed directly, other triggers through Beam's trigger driver).
+- `direct`: a plain stage's Map/FlatMap/Filter functions (and lifted combiner) called without
+  the bundle processor, handing over to it at the first result or error Beam treats otherwise.
 - `timers.TimerBook`: collecting and firing timers in order, within one round limit.
 - `watermarks`: watermarks and holds as pure functions over a `HoldStore`.
 - `side_inputs`, `arrow`, `context`, `task_errors`, `task_splits`: side-input state, the Arrow
