@@ -142,7 +142,6 @@ class DirectRun:
         self.table: dict[Any, list[Any]] = {}
         self.infos: list[metrics_pb2.MonitoringInfo] = []
         self.counts = [0] * len(program.pcollections)
-        self._combine_setup = False
 
     def run(self, columns: Iterator[Columns],
             fallback: Callable[[Iterator[Columns]], Iterator[OutRow]]) -> Iterator[OutRow]:
