@@ -4,9 +4,8 @@ Text reads go to Spark's text source where that reads Beam's lines exactly (`nat
 `--spark_native`), plain stages of Map/FlatMap/Filter functions call them without Beam's bundle
 processor (`direct_paths.py`, also `--spark_native`), and windowed GroupByKeys under the default
 trigger are grouped per window without Beam's trigger driver (`plan/grouping_paths.py`, also
-`--spark_native`); ReadFromSpark and
-WriteToSpark always become parts of the Spark plan (`native_spark.py`): their expansions would
-start a SparkSession inside a Spark task.
+`--spark_native`); ReadFromSpark and WriteToSpark always become parts of the Spark plan
+(`native_spark.py`): their expansions would start a SparkSession inside a Spark task.
 """
 from __future__ import annotations
 
