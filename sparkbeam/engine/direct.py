@@ -19,6 +19,7 @@ which must fail too; if it does not, the task fails rather than lose the dropped
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +58,6 @@ class _Fallback(Exception):
 class _Step:
     transform_id: str
     name: str
-    out_pcoll: str
     process: Callable[..., Iterable[Any] | None]
     element_at: int  # where the element goes in `args`
     args: tuple[Any, ...]
@@ -74,14 +74,14 @@ class _Combine:
 
 
 class DirectProgram:
-    """What a task needs to run `stage.direct`; built once per process (`direct_program`)."""
+    """What a task needs to run `stage.direct`; built once per process with the stage's
+    `StageProgram` (`program_for`)."""
 
     def __init__(self, stage: Stage, components: bytes) -> None:
         chain = stage.direct
         assert chain is not None
         ctx = context.pipeline_context(components)
         descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
-        self.stage = stage
         self.pcollections = chain.pcollections
         self.in_impl = ctx.coders[stage.inputs[0].coder_id].get_impl()
         out = stage.outputs[0]
@@ -94,14 +94,14 @@ class DirectProgram:
         if self.line_prefix is not None:
             self.line_window = self.in_impl.decode_nested(self.line_prefix + b"\x00")
         steps = []
-        for tid, out_pcoll in chain.steps:
+        for tid, _ in chain.steps:
             transform = descriptor.transforms[tid]
             dofn = loaded_dofn(transform)[0]
             call = call_of(dofn)
             if call is None:  # planning checked this on the same DoFn
                 raise AssertionError(f"{transform.unique_name}: not a direct function")
             at, args, kwargs = call
-            steps.append(_Step(tid, transform.unique_name, out_pcoll, dofn.process, at,
+            steps.append(_Step(tid, transform.unique_name, dofn.process, at,
                                tuple(args), kwargs))
         self.steps = tuple(steps)
         self.combine: _Combine | None = None
@@ -118,20 +118,6 @@ class DirectProgram:
                 and fn._fn in (min, max, sum))  # noqa: SLF001 - Beam's own test
             self.combine = _Combine(chain.combine, transform.unique_name, curried, compact,
                                     1000 * 1000 if tiny else 100 * 1000)
-
-
-_PROGRAMS: dict[tuple[str, bytes, bytes], DirectProgram] = {}
-
-
-def direct_program(stage: Stage, components: bytes) -> DirectProgram:
-    """The stage's direct program, built once per process."""
-    key = (stage.label, stage.descriptor, components)
-    program = _PROGRAMS.get(key)
-    if program is None:
-        if len(_PROGRAMS) > 16:
-            _PROGRAMS.clear()
-        program = _PROGRAMS[key] = DirectProgram(stage, components)
-    return program
 
 
 class DirectRun:
@@ -188,23 +174,21 @@ class DirectRun:
         sampler = statesampler.StateSampler("direct", CounterFactory())
         previous = statesampler.get_current_tracker()
         statesampler.set_current_tracker(sampler)
-        containers = []
+        containers: list[tuple[str, MetricsContainer]] = []
         try:
+            def scope(transform_id: str, name: str) -> Any:
+                """The step's state: a DoFn's metrics go to its container through it."""
+                container = MetricsContainer(transform_id)
+                containers.append((transform_id, container))
+                return sampler.scoped_state(NameContext(name, transform_id), "process",
+                                            metrics_container=container)
+
             for step in program.steps:
-                container = MetricsContainer(step.transform_id)
-                containers.append((step.transform_id, container))
-                state = sampler.scoped_state(NameContext(step.name, step.transform_id),
-                                             "process", metrics_container=container)
-                with state:
+                with scope(step.transform_id, step.name):
                     values, src = _apply(step, values, src)
                 counts.append(len(values))
             if program.combine is not None:
-                container = MetricsContainer(program.combine.transform_id)
-                containers.append((program.combine.transform_id, container))
-                state = sampler.scoped_state(
-                    NameContext(program.combine.name, program.combine.transform_id),
-                    "process", metrics_container=container)
-                with state:
+                with scope(program.combine.transform_id, program.combine.name):
                     rows = self._combine(values)
                 counts.append(0)  # counted when the table is flushed
             else:
@@ -236,19 +220,17 @@ class DirectRun:
 
     def _encode(self, values: list[Any], src: list[int] | None, wvs: list[WindowedValue]
                 ) -> list[OutRow]:
-        encode = self.program.out_impl.encode_nested
-        key_impl = self.program.key_impl
+        """Each value in its element's window, timestamp and pane, encoded (with its key
+        when a keyed stage reads the output)."""
         if src is None:
-            wv = wvs[0]
-            if key_impl is None:
-                return [(0, None, encode(wv.with_value(v))) for v in values]
-            key = key_impl.encode_nested
-            return [(0, key(v[0]), encode(wv.with_value(v))) for v in values]
-        pairs = zip(src, values, strict=True)
-        if key_impl is None:
-            return [(0, None, encode(wvs[i].with_value(v))) for i, v in pairs]
-        key = key_impl.encode_nested
-        return [(0, key(v[0]), encode(wvs[i].with_value(v))) for i, v in pairs]
+            wrapped = [wvs[0].with_value(v) for v in values]
+        else:
+            wrapped = [wvs[i].with_value(v) for i, v in zip(src, values, strict=True)]
+        encode = self.program.out_impl.encode_nested
+        if self.program.key_impl is None:
+            return [(0, None, encode(wv)) for wv in wrapped]
+        key = self.program.key_impl.encode_nested
+        return [(0, key(wv.value[0]), encode(wv)) for wv in wrapped]
 
     def _combine(self, values: list[Any]) -> list[OutRow]:
         combine = self.program.combine
@@ -279,13 +261,8 @@ class DirectRun:
     def _evict(self) -> list[OutRow]:
         """PGBKCVOperation's rule: the oldest keys out until nine tenths are left."""
         target = len(self.table) * 9 // 10
-        old = []
-        for key in self.table:
-            old.append(key)
-            if len(self.table) - len(old) <= target:
-                break
-        rows = [self._output(key, self.table.pop(key)[0]) for key in old]
-        return rows
+        old = list(itertools.islice(self.table, max(1, len(self.table) - target)))
+        return [self._output(key, self.table.pop(key)[0]) for key in old]
 
     def _flush(self) -> list[OutRow]:
         rows = [self._output(key, entry[0]) for key, entry in self.table.items()]

@@ -14,7 +14,7 @@ import hashlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2
@@ -22,6 +22,9 @@ from apache_beam.portability.api import beam_fn_api_pb2
 from sparkbeam.engine import context
 from sparkbeam.engine.grouping import Grouper, grouper_for
 from sparkbeam.plan.model import Grouping, Stage
+
+if TYPE_CHECKING:
+    from sparkbeam.engine.direct import DirectProgram
 
 TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
 
@@ -43,6 +46,7 @@ class StageProgram:
     timer_domains: Mapping[TimerFamilyId, int]
     groupers: Mapping[int, Grouper]  # stage input index -> how batch groups it per key
     pcoll_to_input: Mapping[str, str]  # PCollection read in the stage -> its data input
+    direct: DirectProgram | None = None  # batch: its functions called without the SDK
 
     def route(self, app: beam_fn_api_pb2.BundleApplication) -> int:
         """The stage input a residual or primary root is fed back through."""
@@ -108,7 +112,15 @@ def build_program(stage: Stage, components: bytes, groupings: Mapping[bytes, Gro
         groupers={n: grouper_for(groupings[i.buffer_id], ctx)
                   for n, i in enumerate(stage.inputs) if i.buffer_id in groupings},
         pcoll_to_input=pcoll_to_input,
+        direct=_direct(stage, components),
     )
+
+
+def _direct(stage: Stage, components: bytes) -> DirectProgram | None:
+    # Imported here: the direct path's rows are this module's `OutRow`s.
+    from sparkbeam.engine.direct import DirectProgram
+
+    return DirectProgram(stage, components) if stage.direct is not None else None
 
 
 _PROGRAMS: collections.OrderedDict[tuple[str, str, frozenset[bytes]], StageProgram] = (

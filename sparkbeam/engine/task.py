@@ -24,7 +24,7 @@ from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.control.worker import Worker
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import ArrowRows, Columns
-from sparkbeam.engine.direct import DirectRun, direct_program
+from sparkbeam.engine.direct import DirectRun
 from sparkbeam.engine.bundles import Bundle, Row, column_bundles, keyed_bundles, plain_bundles
 from sparkbeam.engine.program import Chunks, OutRow, program_for
 from sparkbeam.engine.run import StageRun
@@ -110,7 +110,7 @@ def _run_leased(
                     if spec.rebalance_address and stage.kind is StageKind.SPLITTABLE else None)
         if stage.kind.keyed:
             bundles = keyed_bundles(rows, spec.bundle_size, spec.bundle_bytes, program.groupers)
-        elif stage.direct is not None and isinstance(rows, ArrowRows):
+        elif program.direct is not None and isinstance(rows, ArrowRows):
             yield from _run_direct(spec, run, rows)
             bundles = iter(())
         elif stage.kind is StageKind.PLAIN and isinstance(rows, ArrowRows):
@@ -143,7 +143,8 @@ def _run_leased(
 def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows) -> Iterator[OutRow]:
     """The stage's functions called directly (`engine/direct.py`); the bundle processor takes
     over from the first batch they cannot run as Beam would."""
-    direct = DirectRun(direct_program(spec.stage, spec.components))
+    assert run.program.direct is not None
+    direct = DirectRun(run.program.direct)
 
     def general(columns: Iterator[Columns]) -> Iterator[OutRow]:
         for bundle in column_bundles(columns, spec.bundle_size, spec.bundle_bytes):
