@@ -26,16 +26,23 @@ def error_payload(stage: Stage, exc: BaseException, kind: str = "user") -> str:
         "".join(traceback.format_exception(exc))
     )
     transform = match.group(1) if match else (stage.description or stage.label)
+    return encoded_error(stage.display, transform, exc, kind)
+
+
+def encoded_error(where: str, transform: str, exc: BaseException, kind: str = "user") -> str:
+    """`error_payload` for a failure in `where` (a stage, or a read the runner does itself:
+    kind "worker", reported as the runner's error naming it)."""
+    text = str(exc)
     payload = {
         "kind": kind,  # "user": user code failed; "worker": an SDK worker died or never came
-        "stage": stage.display,
+        "stage": where,
         "transform": transform,
         "type": type(exc).__name__,
         "message": _WHILE_RUNNING.sub("", text).strip(),
         "traceback": "".join(traceback.format_exception(exc))[-20000:],
     }
     encoded = base64.b64encode(json.dumps(payload).encode()).decode()
-    return f"{ERROR_MARKER}{encoded}:END in {stage.display}: {type(exc).__name__}: {text[:500]}"
+    return f"{ERROR_MARKER}{encoded}:END in {where}: {type(exc).__name__}: {text[:500]}"
 
 
 def parse_error_payload(text: str) -> dict[str, str] | None:

@@ -37,6 +37,8 @@ from sparkbeam.io.spark_schema import (
 )
 
 MODES = ("append", "overwrite", "error", "errorifexists", "ignore")
+# Spark's file sources: a stream of one reads with the schema the pipeline was built with.
+FILE_FORMATS = frozenset(("parquet", "json", "csv", "orc", "text", "avro", "xml"))
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,12 @@ class SparkQuery:
     schema: str | None = None  # a Spark schema as JSON, as the user gave it
     # The schema its rows had when the pipeline was built (JSON): the Beam schema's source.
     expected: str | None = None
+    # A stream (`spark.readStream`), read by sparkbeam's streaming engine only; its elements'
+    # timestamps come from `timestamp_column` (else the micro-batch's processing time), and
+    # its watermark trails the latest timestamp read by `watermark_delay_micros`.
+    stream: bool = False
+    timestamp_column: str | None = None
+    watermark_delay_micros: int = 0
 
     def __post_init__(self) -> None:
         given = [k for k in ("table", "format", "sql") if getattr(self, k)]
@@ -60,13 +68,58 @@ class SparkQuery:
                              + (", ".join(f"{k}=" for k in given) or "none"))
         if self.path and not self.format:
             raise ValueError("ReadFromSpark: path= needs format= (e.g. format='parquet')")
+        if self.stream and self.sql:
+            raise ValueError("ReadFromSpark: a stream reads a table or format= (Spark's "
+                             "readStream); sql= is a batch query")
+        if self.timestamp_column and not self.stream:
+            raise ValueError("ReadFromSpark: timestamp_column= is for streams (a bounded "
+                             "read's elements are at the minimum timestamp); timestamp the "
+                             "rows with beam.Map(lambda r: TimestampedValue(r, ...))")
+        if self.watermark_delay_micros < 0:
+            raise ValueError("ReadFromSpark: watermark_delay must not be negative")
 
     def describe(self) -> str:
+        what = "a stream of " if self.stream else ""
         if self.table:
-            return f"table {self.table}"
+            return f"{what}table {self.table}"
         if self.sql:
             return f"SQL query {self.sql!r}"
-        return f"{self.format} data" + (f" at {self.path}" if self.path else "")
+        return f"{what}{self.format} data" + (f" at {self.path}" if self.path else "")
+
+    def stream_dataframe(self, spark: Any) -> Any:
+        """The stream's DataFrame on `spark` (`spark.readStream`). File sources read with the
+        schema the pipeline was built with (Spark does not infer one for a stream)."""
+        if self.table:
+            df = spark.readStream.table(self.table)
+        else:
+            reader = spark.readStream.format(self.format).options(**dict(self.options))
+            schema = self.schema or (self.expected if self.format in FILE_FORMATS else None)
+            if schema:
+                reader = reader.schema(_struct(schema))
+            df = reader.load(self.path) if self.path else reader.load()
+        if self.expected and _shape(df.schema) != _shape(_struct(self.expected)):
+            raise ValueError(f"{self.describe()} has columns {df.schema.simpleString()}, not "
+                             "the schema it had when the pipeline was built: "
+                             f"{_struct(self.expected).simpleString()}")
+        return df
+
+    def stream_schema(self, spark: Any) -> Any:
+        """The stream's Spark schema, asked when the pipeline is built: a file source's from
+        the files already there (Spark's batch reader), since a stream infers none."""
+        if self.schema:
+            return _struct(self.schema)
+        try:
+            return self.stream_dataframe(spark).schema
+        except Exception as exc:  # noqa: BLE001 - Spark's analysis errors
+            if self.format not in FILE_FORMATS or not self.path:
+                raise ValueError(f"ReadFromSpark of {self.describe()}: Spark gives no schema "
+                                 f"({type(exc).__name__}: {exc}); pass schema=") from exc
+        try:
+            return spark.read.format(self.format).options(**dict(self.options)).load(
+                self.path).schema
+        except Exception as exc:  # noqa: BLE001 - e.g. an empty landing directory
+            raise ValueError(f"ReadFromSpark of {self.describe()}: no files to infer a schema "
+                             f"from ({type(exc).__name__}); pass schema=") from exc
 
     def dataframe(self, spark: Any) -> Any:
         """The query's DataFrame on `spark`, its columns checked against the schema given
@@ -157,6 +210,8 @@ class SparkSource(iobase.BoundedSource):  # type: ignore[misc]
             return
         if self.query.expected is None:
             raise ValueError("this SparkSource was not made by ReadFromSpark.expand")
+        if self.query.stream:
+            raise ValueError(_STREAM_ELSEWHERE.format(self.query.describe()))
         rows = self.to_beam()
         table = self.query.dataframe(spark_session()).toArrow()
         for batch in table.to_batches():
@@ -166,6 +221,21 @@ class SparkSource(iobase.BoundedSource):  # type: ignore[misc]
         return RowCoder(self.schema)
 
 
+_STREAM_ELSEWHERE = ("ReadFromSpark of {} runs on sparkbeam's streaming engine only (Spark's "
+                     "readStream is part of its query); on other runners read a snapshot "
+                     "with streaming=False")
+
+
+def _runs_elsewhere(pipeline: beam.Pipeline) -> bool:
+    """Whether `pipeline` is known to run on a runner other than sparkbeam (a portable
+    runner may submit to sparkbeam's job server: not known)."""
+    from apache_beam.runners.portability.portable_runner import PortableRunner
+
+    runner = getattr(pipeline, "runner", None)
+    return (runner is not None and not callable(getattr(runner, "spark_session", None))
+            and not isinstance(runner, PortableRunner))
+
+
 class ReadFromSpark(beam.PTransform):  # type: ignore[misc]
     """Rows of a Spark table, data source or SQL query as a schema'd PCollection.
 
@@ -173,12 +243,24 @@ class ReadFromSpark(beam.PTransform):  # type: ignore[misc]
     `ReadFromSpark(sql="SELECT ...")`. Elements are Beam rows (named tuples, read by
     attribute like `beam.Row`). The schema is `schema=` (a StructType or DDL) or asked of
     Spark when the transform is applied, on the session the pipeline's runner uses (see
-    `session`); a column Beam has no type for is refused then, naming it."""
+    `session`); a column Beam has no type for is refused then, naming it.
+
+    In a streaming pipeline (or with `streaming=True`) it reads `spark.readStream`: a table,
+    or a source such as files landing in a directory (`format="json", path=...`), Spark's
+    rate source or Kafka through Spark's connector; only sparkbeam's streaming engine runs
+    it. Elements are timestamped by `timestamp_column` (a timestamp column), else by the
+    micro-batch's processing time. The watermark trails the latest timestamp read by
+    `watermark_delay` seconds (a row older than that is late, as in Spark's
+    `withWatermark`); under processing time no row is ever late."""
 
     def __init__(self, table: str | None = None, *, format: str | None = None,
                  path: str | None = None, options: Mapping[str, Any] | None = None,
-                 sql: str | None = None, schema: Any = None) -> None:
+                 sql: str | None = None, schema: Any = None, streaming: bool | None = None,
+                 timestamp_column: str | None = None, watermark_delay: float = 0.0) -> None:
         super().__init__()
+        self._streaming = streaming
+        self._timestamp_column = timestamp_column
+        self._delay = int(round(watermark_delay * 1_000_000))
         from pyspark.sql import types as T
 
         if schema is not None and not isinstance(schema, (str, T.StructType)):
@@ -193,23 +275,43 @@ class ReadFromSpark(beam.PTransform):  # type: ignore[misc]
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         from pyspark.sql import types as T
 
-        query = self.query
+        from apache_beam.options.pipeline_options import StandardOptions
+
+        stream = (self._streaming if self._streaming is not None
+                  else bool(pbegin.pipeline.options.view_as(StandardOptions).streaming))
+        query = dataclasses.replace(self.query, stream=stream,
+                                    timestamp_column=self._timestamp_column,
+                                    watermark_delay_micros=self._delay)
+        if stream and _runs_elsewhere(pbegin.pipeline):
+            raise ValueError(_STREAM_ELSEWHERE.format(query.describe()))
         if self._ddl is not None:
             spark_session(pbegin.pipeline)  # DDL is parsed by Spark
             query = dataclasses.replace(query, schema=T._parse_datatype_string(  # noqa: SLF001
                 self._ddl).json())
         given = query.schema
-        spark_type = cast(T.StructType, _struct(given) if given else query.dataframe(
-            spark_session(pbegin.pipeline)).schema)
+        if given:
+            spark_type = cast(T.StructType, _struct(given))
+        elif stream:
+            spark_type = query.stream_schema(spark_session(pbegin.pipeline))
+        else:
+            spark_type = query.dataframe(spark_session(pbegin.pipeline)).schema
         try:
             schema = beam_schema(spark_type)
         except UnsupportedSparkType as exc:
             raise UnsupportedSparkType(f"ReadFromSpark of {query.describe()}: {exc}"
                                        ) from None
+        column = query.timestamp_column
+        if column is not None and not any(
+                f.name == column and isinstance(f.dataType, (T.TimestampType, T.TimestampNTZType))
+                for f in spark_type.fields):
+            raise ValueError(f"ReadFromSpark of {query.describe()}: timestamp_column={column!r} "
+                             f"is not a timestamp column of {spark_type.simpleString()}")
         query = dataclasses.replace(query, expected=spark_type.json())
         rows = pbegin | beam.io.Read(SparkSource(query, schema))
         # Read says Any; consumers need the schema.
         rows.element_type = schemas.named_tuple_from_schema(schema)
+        if stream:
+            rows.is_bounded = False  # Beam's windowing checks apply as to any stream
         return rows
 
 
@@ -261,6 +363,10 @@ class SparkWrite:
             writer.format(self.format).save()
 
 
+def _refuse(row: Any, what: str) -> None:
+    raise ValueError(f"{what} runs on sparkbeam's streaming engine only")
+
+
 class _WriteRows(beam.DoFn):  # type: ignore[misc]
     """The general path: all rows, gathered in one element, written by a session here."""
 
@@ -306,6 +412,14 @@ class WriteToSpark(beam.PTransform):  # type: ignore[misc]
                              f"{', '.join(missing)} are not fields of its input "
                              f"({', '.join(f.name for f in schema.fields)})")
         self.target = dataclasses.replace(self.target, schema=schema.SerializeToString())
+        if not pcoll.is_bounded:
+            # A stream: sparkbeam's streaming engine writes each micro-batch; nothing here
+            # could gather a stream's rows for one write.
+            what = f"WriteToSpark of a stream to {self.target.describe()}"
+            if _runs_elsewhere(pcoll.pipeline):
+                raise ValueError(f"{what} runs on sparkbeam's streaming engine only")
+            pcoll | "Write" >> beam.Map(_refuse, what)
+            return beam.pvalue.PDone(pcoll.pipeline)
         # One write of every row, whatever the windows (sparkbeam writes them all too).
         gathered = (pcoll | "Rewindow" >> beam.WindowInto(GlobalWindows())
                     | "Gather" >> beam.combiners.ToList())

@@ -21,7 +21,7 @@ from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.mode import BATCH_EXPERIMENT
 from sparkbeam.plan.model import Plan, Stage, StageKind, side_input_proto
-from sparkbeam.plan.native_spark import streaming_problems
+from sparkbeam.plan.native_spark import spark_io_problems
 
 _LOG = logging.getLogger(__name__)
 
@@ -98,10 +98,8 @@ def find_unsupported(
             "%d PCollection(s) are unbounded (e.g. %s); running in batch mode until their "
             "sources finish", len(unbounded), unbounded[0],
         )
-    if streaming:
-        found.extend(Unsupported(what, f"transform '{name}'",
-                                 "for now Spark tables and data sources are batch only")
-                     for name, what in streaming_problems(proto))
+    found.extend(Unsupported(what, f"transform '{name}'")
+                 for name, what in spark_io_problems(proto, streaming))
     found.extend(_unbuildable_components(comps))
     return _dedup(found)
 

@@ -15,13 +15,14 @@ import hashlib
 import json
 from typing import Any
 
-from apache_beam.portability import python_urns
-from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.portability import common_urns, python_urns
+from apache_beam.portability.api import beam_runner_api_pb2, schema_pb2
 
 from sparkbeam.plan.model import Plan
 
 FINGERPRINT_VERSION = 1
 _PICKLED = {python_urns.PICKLED_CODER, python_urns.PICKLED_WINDOWFN}
+_ROW = common_urns.coders.ROW.urn
 _SHOWN = 8  # differences named in an error; the rest are counted
 
 
@@ -81,9 +82,36 @@ def _coder(comps: beam_runner_api_pb2.Components, coder_id: str) -> Any:
 
 
 def _spec(spec: beam_runner_api_pb2.FunctionSpec) -> list[Any]:
-    """A FunctionSpec's URN, and a digest of its payload unless that is a pickle."""
-    return [spec.urn] + ([_digest(spec.payload)]
+    """A FunctionSpec's URN, and a digest of its payload unless that is a pickle (a row
+    coder's schema without its ids)."""
+    payload = _schema_without_ids(spec.payload) if spec.urn == _ROW else spec.payload
+    return [spec.urn] + ([_digest(payload)]
                          if spec.payload and spec.urn not in _PICKLED else [])
+
+
+def _schema_without_ids(payload: bytes) -> bytes:
+    """A row coder's schema with its ids cleared: Beam gives a Python type's schema a fresh
+    random id in each process, so two runs of the same code differ there only."""
+    schema = schema_pb2.Schema.FromString(payload)
+    stack = [schema]
+    while stack:
+        current = stack.pop()
+        current.id = ""
+        types = [f.type for f in current.fields]
+        while types:
+            ft = types.pop()
+            kind = ft.WhichOneof("type_info")
+            if kind == "row_type":
+                stack.append(ft.row_type.schema)
+            elif kind == "array_type":
+                types.append(ft.array_type.element_type)
+            elif kind == "iterable_type":
+                types.append(ft.iterable_type.element_type)
+            elif kind == "map_type":
+                types.extend((ft.map_type.key_type, ft.map_type.value_type))
+            elif kind == "logical_type":
+                types.append(ft.logical_type.representation)
+    return schema.SerializeToString(deterministic=True)
 
 
 def _windowing(comps: beam_runner_api_pb2.Components, strategy_id: str) -> Any:

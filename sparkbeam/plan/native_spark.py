@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from sparkbeam.plan.model import Plan, Stage
 
 SPARK_READ_PREFIX = b"spark-read:"
+# What a streaming WriteToSpark writes exactly once: Spark's file formats (files move into
+# place under names that say their micro-batch, `streaming/spark_writes.py`) and Delta.
+FILE_FORMATS = frozenset(("parquet", "json", "csv", "orc", "text", "avro", "xml"))
+STREAM_WRITE_FORMATS = FILE_FORMATS | {"delta"}
 _PICKLED_SOURCE = "beam:source:pickled_python:v1"
 
 
@@ -72,15 +76,37 @@ def spark_source(transform: beam_runner_api_pb2.PTransform) -> Any | None:
     return source if hasattr(source, "sparkbeam_spark_query") else None
 
 
-def streaming_problems(proto: beam_runner_api_pb2.Pipeline) -> list[tuple[str, str]]:
-    """(transform, what) for every Spark read or write in a pipeline run as a stream: not
-    translated there yet, and Beam's expansion would start a SparkSession inside a task."""
+def spark_io_problems(proto: beam_runner_api_pb2.Pipeline, streaming: bool
+                      ) -> list[tuple[str, str]]:
+    """(transform, what) for every Spark read or write the pipeline cannot run: in batch, a
+    stream; in streaming, a bounded read (a snapshot is no stream, and Spark cannot union one
+    with a stream) and a write in any mode but append (each micro-batch adds its rows)."""
+    from apache_beam.internal import pickler
+
     found = []
     for tid, t in sorted(proto.components.transforms.items()):
+        name = t.unique_name or tid
+        if not streaming:
+            source = spark_source(t)
+            if source is not None and source.query.stream:
+                found.append((name, f"ReadFromSpark of {source.query.describe()} in a batch "
+                                    "pipeline (run it with --streaming)"))
+            continue
         if t.spec.urn == urns.WRITE_TO_SPARK:
-            found.append((t.unique_name or tid, "WriteToSpark in a streaming pipeline"))
-        elif spark_source(t) is not None:
-            found.append((t.unique_name or tid, "ReadFromSpark in a streaming pipeline"))
+            target = pickler.loads(t.spec.payload)
+            if target.mode != "append":
+                found.append((name, f"WriteToSpark with mode={target.mode!r} in a streaming "
+                                    "pipeline (each micro-batch appends: use mode='append')"))
+            if target.format and target.format not in STREAM_WRITE_FORMATS:
+                found.append((name, f"WriteToSpark to {target.describe()} in a streaming "
+                                    "pipeline (each micro-batch is written exactly once to "
+                                    "files: " + ", ".join(sorted(STREAM_WRITE_FORMATS)) + ")"))
+            continue
+        source = spark_source(t)
+        if source is not None and not source.query.stream:
+            found.append((name, f"a bounded ReadFromSpark of {source.query.describe()} in a "
+                                "streaming pipeline (build it with --streaming, or pass "
+                                "streaming=True, to read a stream)"))
     return found
 
 

@@ -27,6 +27,7 @@ from pyspark.sql.types import StructType
 from sparkbeam.streaming.admission import BatchAdmission
 from sparkbeam.streaming.budget import WorkBudget
 from sparkbeam.streaming.script import Script, offset_for
+from sparkbeam.streaming.spark_streams import StreamClock, stream_watermark
 
 SCHEMA = "tag int, key binary, value binary"
 _UNLIMITED = 1 << 62  # a budget dimension that is not set
@@ -43,24 +44,30 @@ class EndpointItems(InputPartition):  # type: ignore[misc]
 
 class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
     def __init__(self, script: Script, drain_marker: str = "",
-                 budget: WorkBudget | None = None, splittable: tuple[str, ...] = ()) -> None:
+                 budget: WorkBudget | None = None, splittable: tuple[str, ...] = (),
+                 streams: tuple[StreamClock, ...] = ()) -> None:
         self.script = script
         self.drain_marker = drain_marker  # once this file exists, the job drains
         self.budget = budget
         self.splittable = splittable  # endpoints of splittable stages: one per spread key
         self.admission = BatchAdmission(budget) if budget is not None else None
+        self.streams = streams  # Spark streams read beside the script (`spark_streams.py`)
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to run `read` on executors: they need the script only.
         return {"script": self.script, "drain_marker": self.drain_marker, "budget": self.budget,
-                "splittable": self.splittable}
+                "splittable": self.splittable, "streams": self.streams}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["script"], state["drain_marker"], state["budget"],  # type: ignore[misc]
-                      state["splittable"])
+                      state["splittable"], state["streams"])
+
+    def _streams(self, previous: dict, processing: int) -> tuple[int, dict]:
+        return stream_watermark(self.streams, previous, processing)
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's name
-        return offset_for(self.script, {}, {}, _now_micros(), 0) | {"done": False}
+        return offset_for(self.script, {}, {}, _now_micros(), 0,
+                          streams=self._streams if self.streams else None) | {"done": False}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         begin = start.get("pos", {})
@@ -70,7 +77,8 @@ class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             positions, budgeted = self._budgeted(begin, positions, start.get("throttle", {}))
         drained = bool(self.drain_marker) and os.path.exists(self.drain_marker)
         offset = offset_for(self.script, positions, start, _now_micros(),
-                            int(start["tick"]) + 1, drained=drained)
+                            int(start["tick"]) + 1, drained=drained,
+                            streams=self._streams if self.streams else None)
         if budgeted is not None:
             offset.update(budgeted)
         return offset
@@ -173,9 +181,12 @@ class BeamSource(DataSource):  # type: ignore[misc]
             budget = WorkBudget(int(items) if items else _UNLIMITED,
                                 int(size) if size else _UNLIMITED)
         splittable = self.options.get("splittable_endpoints", "")
+        streams = self.options.get("spark_streams", "")
         return BeamStreamReader(pickle.loads(base64.b64decode(self.options["script"])),
                                 self.options.get("drain_marker", ""), budget,
-                                tuple(splittable.split(",")) if splittable else ())
+                                tuple(splittable.split(",")) if splittable else (),
+                                tuple(StreamClock.from_text(t) for t in streams.split("\n"))
+                                if streams else ())
 
 
 def encode(script: Script) -> str:

@@ -9,6 +9,9 @@ The one module that knows where things are under `--checkpoint_dir` (no pyspark)
     sides/<tag>/batch-B-part-P      one task's elements of a side-input buffer in batch B
     staged/<n>/batch-B-part-P       exactly-once write n's input of batch B, until written
     holds/<label>/batch-B-part-P    one holding task's earliest hold at the end of batch B
+    reads/<tag>/batch-B-part-P      the latest event time a Spark stream's task read in batch B
+    spark-staged/<n>/batch-B-part-P WriteToSpark n's input of batch B, until written
+    spark-written/<n>/batch-B       present once WriteToSpark n has written batch B
     drain                           present once the job is asked to drain
 
 Spark writes `offsets/<B>` before it runs batch B: a version line (`v1`), the batch metadata
@@ -77,6 +80,17 @@ class CheckpointLayout:
     def staged_dir(self, index: int) -> str:
         """Where an exactly-once write's input waits for its micro-batch to commit."""
         return os.path.join(self.root, "staged", str(index))
+
+    def spark_read_dir(self, tag: int) -> str:
+        return os.path.join(self.root, "reads", str(tag))
+
+    def spark_staged_dir(self, index: int) -> str:
+        """Where a WriteToSpark's input waits for its micro-batch to commit."""
+        return os.path.join(self.root, "spark-staged", str(index))
+
+    def spark_written_dir(self, index: int) -> str:
+        """A WriteToSpark's record of the batches it has written out."""
+        return os.path.join(self.root, "spark-written", str(index))
 
     def hold_dir(self, label: str) -> str:
         return os.path.join(self.root, "holds", label)

@@ -104,9 +104,11 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
     if any(i.buffer_id == IMPULSE_BUFFER for s in stages for i in s.inputs):
         impulse = Item(rows=((IMPULSE_TAG, None, ENCODED_IMPULSE_VALUE),))
         endpoints.append(Endpoint(IMPULSE_ENDPOINT, (impulse,)))
-    # Splittable reads (e.g. PeriodicImpulse) follow the wall clock; TestStreams their own.
+    # Splittable reads (e.g. PeriodicImpulse) and Spark's streams follow the wall clock;
+    # TestStreams their own.
     script = Script(tuple(endpoints),
-                    test_clock=not any(s.kind is StageKind.SPLITTABLE for s in stages))
+                    test_clock=not any(s.kind is StageKind.SPLITTABLE for s in stages)
+                    and not plan.spark_reads)
     comps = beam_runner_api_pb2.Components.FromString(plan.components)
     holding_groupings = {
         buffer_id: grouping_hold_label(tags[buffer_id])

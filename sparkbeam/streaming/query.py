@@ -39,6 +39,8 @@ from sparkbeam.streaming.operators import (
 from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
 from sparkbeam.streaming.shell import ProcessorShell
+from sparkbeam.streaming.spark_streams import stream_reads
+from sparkbeam.streaming.spark_writes import flush_spark_writes, spark_stream_writes
 from sparkbeam.streaming.splittable import spread_endpoints
 from sparkbeam.streaming.staged_writes import flush_staged, query_id, staged_writes
 
@@ -71,6 +73,10 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     for name in ("max_items_per_batch", "max_bytes_per_batch"):
         if getattr(settings, name):
             reader = reader.option(name, str(getattr(settings, name)))
+    streams = stream_reads(spark, splan, layout)
+    if streams:
+        reader = reader.option("spark_streams", "\n".join(
+            rows.clock.as_text() for rows, _ in streams.values()))
     splittable = [e for s in splan.stages if s.kind is StageKind.SPLITTABLE
                   for e in spread_endpoints(s.label, settings.partitions or 2)]
     if splittable:
@@ -81,10 +87,13 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     root_tags = {row[0] for e in splan.script.endpoints for item in e.items for row in item.rows}
     for tag in sorted(root_tags):
         producers[tag] = [source.where(F.col("tag") == tag)]
+    for tag, (rows, frame) in streams.items():
+        producers[tag] = [frame.mapInArrow(rows, ROW_SCHEMA)]
     consumed = {i.buffer_id for s in splan.stages for i in s.inputs}
     consumed |= {u.buffer_id for s in splan.stages for u in s.side_inputs}
-    consumed |= {w.buffer_id for w in plan.kafka_writes}
-    leaves = []
+    consumed |= {w.buffer_id for w in plan.kafka_writes + plan.spark_writes}
+    # The sparkbeam source plans every batch (the runner's time) even when no root reads it.
+    leaves = [] if root_tags else [source.where(F.col("tag") == -1)]
     for stage in splan.stages:
         inputs = []
         for inp in stage.inputs:
@@ -128,6 +137,12 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
         if frames:
             leaves.insert(n, _union(frames).mapInArrow(SideWriter(layout.staged_dir(n)),
                                                        ROW_SCHEMA))
+    for n, write in enumerate(plan.spark_writes):
+        # A WriteToSpark's input, staged until its micro-batch commits (`spark_writes.py`).
+        frames = producers.get(splan.tag(write.buffer_id), [])
+        if frames:
+            leaves.append(_union(frames).mapInArrow(SideWriter(layout.spark_staged_dir(n)),
+                                                    ROW_SCHEMA))
     for tag in sorted(splan.side_tags):
         # Each batch's side-input elements, for the batches after it.
         writer = SideWriter(layout.side_dir(tag))
@@ -244,6 +259,8 @@ class StreamingQueryRun:
         self._admitted: dict[int, dict[str, int]] = {}  # batch -> items, bytes (budgeted)
         self._writes = staged_writes(self.layout, splan.plan.kafka_writes,
                                      splan.plan.components)
+        self._spark_writes = spark_stream_writes(self.layout, splan.plan.spark_writes,
+                                                 splan.plan.components)
         self._query_id: str | None = None
 
     def _wait_for_commit(self, batch: int, timeout_s: float) -> None:
@@ -254,18 +271,19 @@ class StreamingQueryRun:
 
     def _flush_committed(self) -> None:
         """Writes out what the committed batches staged (the query has stopped)."""
-        if self._writes:
+        if self._writes or self._spark_writes:
             self._flush(self.spark, self.layout.last_commit() + 1)
 
     def _flush(self, spark: SparkSession, before_batch: int) -> None:
         """Writes out what committed micro-batches staged for exactly-once writes."""
-        if not self._writes:
+        if not (self._writes or self._spark_writes):
             return
         if self._query_id is None:  # Spark wrote it when the query started; it never changes
             self._query_id = query_id(self.layout)
         if flush_staged(spark, self._writes, self._query_id, before_batch):
             _LOG.debug("%s: staged writes before batch %s written", self.settings.job_id,
                        before_batch)
+        flush_spark_writes(spark, self._spark_writes, self._query_id, before_batch)
 
     def _sink(self, frame: DataFrame, batch_id: int) -> None:
         frame.write.format("noop").mode("overwrite").save()
@@ -326,7 +344,7 @@ class StreamingQueryRun:
                     raise ExecutionError("the streaming query stopped unexpectedly")
             # The last batch's commit follows its sink: wait for it, so that what it staged
             # is written now (a batch the stop interrupts stays staged for a resume).
-            if self._writes:
+            if self._writes or self._spark_writes:
                 self._wait_for_commit(self.batches - 1, timeout_s=30)
             self.query.stop()
             self._flush_committed()

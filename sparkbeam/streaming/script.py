@@ -16,7 +16,7 @@ ProcessingTimeEvents; otherwise it is the wall clock when the batch was planned.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 # Beam's MIN_TIMESTAMP and MAX_TIMESTAMP in micros (a unit test holds them equal). Written out,
@@ -208,12 +208,15 @@ EVERY_BATCH = Pending(event=MIN_MICROS)
 
 def offset_for(
     script: Script, positions: dict[str, int], previous: dict, wall_clock_micros: int, tick: int,
-    drained: bool = False,
+    drained: bool = False, streams: Callable[[dict, int], tuple[int, dict]] | None = None,
 ) -> dict:
     """The end offset of a micro-batch (JSON-able; Spark logs it, replays use the log).
 
     A drained job reads nothing more: its positions stay where the last batch left them and
-    its watermark is final, so every window and event-time timer fires and the job ends."""
+    its watermark is final, so every window and event-time timer fires and the job ends.
+    `streams` (`spark_streams.stream_watermark`), given the previous offset and the batch's
+    processing time, bounds the watermark by Spark streams read beside the script, which
+    never run out: (their watermark, what the offset keeps of them as "seen")."""
     drained = drained or bool(previous.get("drained"))
     if drained:
         positions = {k: int(v) for k, v in previous.get("pos", {}).items()}
@@ -222,6 +225,10 @@ def offset_for(
     else:
         processing = max(wall_clock_micros, int(previous.get("pt", MIN_MICROS)))
     wm = MAX_MICROS if drained else script.watermark(positions)
+    seen = None
+    if streams is not None and not drained:
+        bound, seen = streams(previous, processing)
+        wm = min(wm, max(bound, int(previous.get("wm", MIN_MICROS))))
     offset = {
         "pos": dict(sorted(positions.items())),
         "wm0": int(previous.get("wm", MIN_MICROS)),
@@ -231,6 +238,8 @@ def offset_for(
         "tick": tick,
         "done": drained or (script.exhausted(positions) and wm >= MAX_MICROS),
     }
+    if seen:
+        offset["seen"] = seen
     if drained:
         offset["drained"] = True
     return offset

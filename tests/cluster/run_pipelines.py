@@ -225,9 +225,49 @@ def check_spark_io(args: list[str]) -> dict:
     return {"totals": sorted([r.k, r.total] for r in spark.read.json(target).collect())}
 
 
+def check_spark_stream(args: list[str]) -> dict:
+    """JSON files landed in a directory, streamed by ReadFromSpark, written by the streaming
+    WriteToSpark as Parquet, on the mode's session; drained once every row is written; the
+    rows as Spark reads them back."""
+    import json as json_module
+
+    import apache_beam as beam
+
+    from sparkbeam import SparkRunner
+    from sparkbeam.io import ReadFromSpark, WriteToSpark, spark_session
+
+    base = os.path.join(os.environ.get("SPARKBEAM_TEST_TMP", "/tmp"),
+                        f"spark-stream-{os.getpid()}")
+    landing, target = f"{base}-in", f"{base}-out"
+    os.makedirs(landing)
+    for n in range(3):
+        with open(f"{landing}/.part-{n}", "w") as f:
+            f.writelines(json_module.dumps({"k": i % 5, "total": i}) + "\n"
+                         for i in range(20 * n, 20 * n + 20))
+        os.rename(f"{landing}/.part-{n}", f"{landing}/part-{n}.json")
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(
+        [*args, "--streaming", f"--checkpoint_dir={base}-ckpt"]))
+    spark = spark_session(p)
+    beam.coders.registry.register_coder(Total, beam.coders.RowCoder)
+    _ = (p | ReadFromSpark(format="json", path=landing, schema="k int, total long")
+         | beam.Map(lambda r: Total(r.k, r.total)).with_output_types(Total)
+         | WriteToSpark(format="parquet", path=target, mode="append"))
+    result = p.run()
+    deadline = time.monotonic() + 120
+    rows: list = []
+    while time.monotonic() < deadline and len(rows) < 60:
+        time.sleep(1)
+        if os.path.isdir(target) and any(n.startswith("part-") for n in os.listdir(target)):
+            rows = spark.read.parquet(target).collect()
+    result.drain()
+    result.wait_until_finish(120_000)
+    return {"rows": sorted([r.k, r.total] for r in spark.read.parquet(target).collect())}
+
+
 CHECKS = {"check_user_error": check_user_error, "check_cancel": check_cancel,
           "check_metrics": check_metrics, "check_py_file": check_py_file,
-          "check_sparkbeam_shipped": check_sparkbeam_shipped, "check_spark_io": check_spark_io}
+          "check_sparkbeam_shipped": check_sparkbeam_shipped, "check_spark_io": check_spark_io,
+          "check_spark_stream": check_spark_stream}
 
 
 def _summary(entry: dict) -> str:

@@ -26,7 +26,7 @@ NAMES = [
     "text_io_round_trip",  # ReadFromText through Spark's text source, over Connect too
 ]
 CHECKS = ["check_user_error", "check_cancel", "check_metrics", "check_py_file",
-          "check_sparkbeam_shipped", "check_spark_io"]
+          "check_sparkbeam_shipped", "check_spark_io", "check_spark_stream"]
 MODES = ["connect", "standalone"]
 
 
@@ -102,3 +102,10 @@ def test_spark_tables_are_read_and_written_by_the_modes_session(results: dict[st
     entry = results["check_spark_io"]
     assert "error" not in entry, entry.get("error")
     assert entry["totals"] == [[k, sum(v for v in range(1000) if v % 5 == k)] for k in range(5)]
+
+
+def test_spark_streams_are_read_and_written_by_the_modes_session(results: dict[str, dict]
+                                                                 ) -> None:
+    entry = results["check_spark_stream"]
+    assert "error" not in entry, entry.get("error")
+    assert entry["rows"] == sorted([i % 5, i] for i in range(60))

@@ -197,7 +197,8 @@ def test_spark_reads_in_a_streaming_pipeline_are_refused_at_prepare(tmp_path) ->
     events = p | test_stream.TestStream().add_elements([1]).advance_watermark_to_infinity()
     _ = ((rows | beam.Map(lambda r: r.id)), events) | beam.Flatten()
     with pytest.raises(UnsupportedFeatureError,
-                       match="ReadFromSpark in a streaming pipeline.*ReadFromSpark/Read"):
+                       match="a bounded ReadFromSpark of SQL query .* in a streaming pipeline "
+                             r"\(build it with --streaming.*ReadFromSpark/Read"):
         prepare(p.to_runner_api(), p.options)
 
 
