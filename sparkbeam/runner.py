@@ -38,6 +38,7 @@ from sparkbeam.metrics import SparkMetrics
 from sparkbeam.mode import inferred_streaming
 from sparkbeam.options import SparkOptions, positive_or_none
 from sparkbeam.plan.check import (
+    CONNECT_STREAMING,
     find_unsupported,
     is_local_master,
     option_problems,
@@ -278,6 +279,11 @@ class SparkJob:
                       "--streaming needed)")
         for decision in self.plan.decisions:
             self._log(f"{self.job_id}: {decision}")
+        if self._datasets.connect:
+            # An active Connect session, not named by the options (`option_problems`).
+            raise UnsupportedFeatureError([Unsupported(
+                "a streaming pipeline", f"job {self.job_id} on a Spark Connect session",
+                CONNECT_STREAMING)])
         checkpoint_dir = self._checkpoint_dir(self._datasets)
         record_pipeline(checkpoint_dir, self.plan.fingerprint)
         self._set_state(PipelineState.RUNNING)

@@ -19,6 +19,11 @@ SIDE_MULTIMAP = common_urns.side_inputs.MULTIMAP.urn
 
 # A WriteToSpark composite (`io/spark.py`): sparkbeam writes its input with Spark itself.
 WRITE_TO_SPARK = "sparkbeam:transform:write_to_spark:v1"
+# Spark's file data sources, named here because three layers ask of a format whether it is
+# one: a stream of one reads with the schema the pipeline was built with (`io/spark.py`), a
+# streaming write to one is exactly once (`plan/native_spark.py`), a byte budget limits one
+# (`streaming/spark_streams.py`).
+SPARK_FILE_FORMATS = frozenset(("parquet", "json", "csv", "orc", "text", "avro", "xml"))
 # An exactly-once WriteToKafka composite (`io/kafka_write.py`): in streaming, sparkbeam stages
 # its input per micro-batch and writes each committed batch in Kafka transactions.
 WRITE_TO_KAFKA = "sparkbeam:transform:write_to_kafka:v1"

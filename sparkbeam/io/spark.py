@@ -37,8 +37,7 @@ from sparkbeam.io.spark_schema import (
 )
 
 MODES = ("append", "overwrite", "error", "errorifexists", "ignore")
-# Spark's file sources: a stream of one reads with the schema the pipeline was built with.
-FILE_FORMATS = frozenset(("parquet", "json", "csv", "orc", "text", "avro", "xml"))
+FILE_FORMATS = urns.SPARK_FILE_FORMATS
 
 
 @dataclass(frozen=True)
@@ -86,13 +85,16 @@ class SparkQuery:
             return f"SQL query {self.sql!r}"
         return f"{what}{self.format} data" + (f" at {self.path}" if self.path else "")
 
-    def stream_dataframe(self, spark: Any) -> Any:
-        """The stream's DataFrame on `spark` (`spark.readStream`). File sources read with the
-        schema the pipeline was built with (Spark does not infer one for a stream)."""
+    def stream_dataframe(self, spark: Any, limits: Mapping[str, str] | None = None) -> Any:
+        """The stream's DataFrame on `spark` (`spark.readStream`), with the source options
+        `limits` besides the user's (the work budget's, `streaming/spark_streams.py`). File
+        sources read with the schema the pipeline was built with (Spark does not infer one
+        for a stream)."""
+        options = dict(self.options) | dict(limits or {})
         if self.table:
-            df = spark.readStream.table(self.table)
+            df = spark.readStream.options(**options).table(self.table)
         else:
-            reader = spark.readStream.format(self.format).options(**dict(self.options))
+            reader = spark.readStream.format(self.format).options(**options)
             schema = self.schema or (self.expected if self.format in FILE_FORMATS else None)
             if schema:
                 reader = reader.schema(_struct(schema))

@@ -202,6 +202,12 @@ def plan_problems(plan: Plan, *, streaming: bool) -> list[Unsupported]:
     return found
 
 
+# Why: the query's foreachBatch sink is the runner's driver-side bookkeeping (commits, metrics,
+# exactly-once writes), which Connect would run on its server, apart from the job.
+CONNECT_STREAMING = ("sparkbeam's streaming engine needs a classic Spark session: run it with "
+                     "--spark_master=... instead of --spark_remote")
+
+
 def option_problems(*, streaming: bool, checkpoint_dir: str | None,
                     budgets: dict[str, int | None], master: str | None = None,
                     remote: str | None = None) -> list[Unsupported]:
@@ -209,6 +215,10 @@ def option_problems(*, streaming: bool, checkpoint_dir: str | None,
     `--checkpoint_dir` is refused here only when the options name a cluster; on a local
     master the job makes a fresh directory when it starts (the session decides, at run)."""
     found = []
+    if streaming and remote:
+        found.append(Unsupported(
+            "a streaming pipeline", f"the pipeline options (Spark Connect {remote})",
+            CONNECT_STREAMING))
     if streaming and not checkpoint_dir and (remote or not is_local_master(master)):
         where = f"Spark Connect {remote}" if remote else f"master {master}"
         found.append(Unsupported(

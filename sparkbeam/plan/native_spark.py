@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 SPARK_READ_PREFIX = b"spark-read:"
 # What a streaming WriteToSpark writes exactly once: Spark's file formats (files move into
 # place under names that say their micro-batch, `streaming/spark_writes.py`) and Delta.
-FILE_FORMATS = frozenset(("parquet", "json", "csv", "orc", "text", "avro", "xml"))
+FILE_FORMATS = urns.SPARK_FILE_FORMATS
 STREAM_WRITE_FORMATS = FILE_FORMATS | {"delta"}
 _PICKLED_SOURCE = "beam:source:pickled_python:v1"
 

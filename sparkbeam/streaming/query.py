@@ -73,7 +73,8 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     for name in ("max_items_per_batch", "max_bytes_per_batch"):
         if getattr(settings, name):
             reader = reader.option(name, str(getattr(settings, name)))
-    streams = stream_reads(spark, splan, layout)
+    streams = stream_reads(spark, splan, layout, settings.max_items_per_batch,
+                           settings.max_bytes_per_batch)
     if streams:
         reader = reader.option("spark_streams", "\n".join(
             rows.clock.as_text() for rows, _ in streams.values()))

@@ -16,9 +16,17 @@ TestStream's:
   its rows per (batch, partition) in `reads/<tag>/`, and Spark plans a batch only after the
   one before it has run. A row older than that is late because of the data, not the runner.
 A drained job's watermark goes to its end; whatever Spark reads after that is late.
+
+The work budget (`--max_items_per_batch`, `--max_bytes_per_batch`) becomes the source's own
+limit where Spark's source has one that counts the same thing (`spark_limits`): Kafka's
+`maxOffsetsPerTrigger` counts records (items), the file source's and Delta's
+`maxBytesPerTrigger` bytes of files (at least one file a batch). Each stream gets the whole
+budget, as each of Spark's sources applies its own; a limit the user set is kept, and a
+dimension the source cannot limit is said in the log, per read.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,9 +34,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from sparkbeam import urns
 from sparkbeam.streaming.checkpoint import write_hold
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS
 
+_LOG = logging.getLogger(__name__)
 _KEPT_BATCHES = 3  # recorded batches kept behind the newest (older ones are in the offsets)
 
 
@@ -165,9 +175,49 @@ def _micros(batch: pa.RecordBatch, column: str, query: Any) -> list[int]:
     return [v * per for v in ints] if per is not None else [v // 1000 for v in ints]
 
 
-def stream_reads(spark: Any, splan: Any, layout: Any) -> dict[int, tuple[StreamRows, Any]]:
+# Spark's sources whose own limits count what a budget dimension counts: format -> (the
+# option limiting items, the option limiting bytes). Spark's file source refuses a byte limit
+# beside `maxFilesPerTrigger`; Delta takes both.
+_FILES = (None, "maxBytesPerTrigger")
+_LIMITS: dict[str, tuple[str | None, str | None]] = {
+    "kafka": ("maxOffsetsPerTrigger", None),
+    "delta": (None, "maxBytesPerTrigger"),
+    **{f: _FILES for f in urns.SPARK_FILE_FORMATS},
+}
+_EXCLUSIVE = {"maxBytesPerTrigger": "maxFilesPerTrigger"}  # for the file source only
+
+
+def spark_limits(query: Any, max_items: int | None, max_bytes: int | None
+                 ) -> tuple[dict[str, str], list[str]]:
+    """(the source options the work budget sets on `query`'s stream, what it cannot set and
+    why): `module doc`. Options the user gave win, compared as Spark does, ignoring case."""
+    given = {k.lower() for k, _ in query.options}
+    fmt = (query.format or "").lower()
+    item_option, byte_option = _LIMITS.get(fmt, (None, None))
+    limits: dict[str, str] = {}
+    unset: list[str] = []
+    where = "a table's stream" if query.table else f"Spark's {fmt} source"
+    for flag, value, option, unit in (("max_items_per_batch", max_items, item_option, "items"),
+                                      ("max_bytes_per_batch", max_bytes, byte_option, "bytes")):
+        if not value:
+            continue
+        if option is None:
+            unset.append(f"--{flag}: {where} has no limit counting {unit}")
+        elif option.lower() in given:
+            unset.append(f"--{flag}: {option} is set in options=")
+        elif fmt != "delta" and _EXCLUSIVE.get(option, "").lower() in given:
+            unset.append(f"--{flag}: Spark's file source takes no {option} beside "
+                         f"{_EXCLUSIVE[option]}, set in options=")
+        else:
+            limits[option] = str(value)
+    return limits, unset
+
+
+def stream_reads(spark: Any, splan: Any, layout: Any, max_items: int | None = None,
+                 max_bytes: int | None = None) -> dict[int, tuple[StreamRows, Any]]:
     """buffer tag -> (its task, the stream's DataFrame) for each ReadFromSpark of the plan
-    (`streaming.plan.StreamingPlan`); a stream Spark cannot open fails the job, named."""
+    (`streaming.plan.StreamingPlan`), limited by the work budget where the source can be
+    (`spark_limits`); a stream Spark cannot open fails the job, named."""
     from apache_beam.internal import pickler
 
     from sparkbeam.errors import ExecutionError
@@ -181,8 +231,13 @@ def stream_reads(spark: Any, splan: Any, layout: Any) -> dict[int, tuple[StreamR
         source = pickler.loads(read.source)
         query = source.query
         tag = splan.tag(buffer_id)
+        limits, unset = spark_limits(query, max_items, max_bytes)
+        if limits or unset:
+            _LOG.info("%s: the work budget %s", read.transform, "; ".join(
+                [f"sets {k}={v}" for k, v in limits.items()]
+                + [f"does not apply ({u})" for u in unset]))
         try:
-            frame = query.stream_dataframe(spark)
+            frame = query.stream_dataframe(spark, limits)
         except Exception as exc:  # noqa: BLE001 - Spark's analysis errors, named
             raise ExecutionError(f"{read.transform}: Spark cannot read {read.described}: "
                                  f"{type(exc).__name__}: {exc}") from exc

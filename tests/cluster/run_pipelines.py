@@ -252,7 +252,7 @@ def check_spark_stream(args: list[str]) -> dict:
     _ = (p | ReadFromSpark(format="json", path=landing, schema="k int, total long")
          | beam.Map(lambda r: Total(r.k, r.total)).with_output_types(Total)
          | WriteToSpark(format="parquet", path=target, mode="append"))
-    result = p.run()
+    result = p.run()  # over Connect: refused at Prepare, reported as this check's error
     deadline = time.monotonic() + 120
     rows: list = []
     while time.monotonic() < deadline and len(rows) < 60:

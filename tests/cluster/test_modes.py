@@ -104,8 +104,12 @@ def test_spark_tables_are_read_and_written_by_the_modes_session(results: dict[st
     assert entry["totals"] == [[k, sum(v for v in range(1000) if v % 5 == k)] for k in range(5)]
 
 
-def test_spark_streams_are_read_and_written_by_the_modes_session(results: dict[str, dict]
-                                                                 ) -> None:
+def test_spark_streams_are_read_and_written_by_the_modes_session(
+        mode: str, results: dict[str, dict]) -> None:
     entry = results["check_spark_stream"]
+    if mode == "connect":  # refused at Prepare: the streaming engine needs a classic session
+        assert entry.get("error", "").startswith("UnsupportedFeatureError: "), entry
+        assert "a streaming pipeline in the pipeline options (Spark Connect" in entry["error"]
+        return
     assert "error" not in entry, entry.get("error")
     assert entry["rows"] == sorted([i % 5, i] for i in range(60))

@@ -289,3 +289,38 @@ def test_a_batch_written_again_after_a_killed_move_is_in_the_target_once(spark, 
     assert flush_spark_writes(spark, (writes,), "q" * 36, before_batch=4) == 1
     assert written() == sorted(rows)
     assert sorted(os.listdir(writes.written)) == ["3"]
+
+
+def _files_per_batch(ckpt: str) -> list[int]:
+    """Files Spark's file source read in each micro-batch that read any (its own log)."""
+    counts = []
+    for root, _, names in os.walk(os.path.join(ckpt, "sources")):
+        for name in sorted((n for n in names if n.isdigit()), key=int):
+            with open(os.path.join(root, name)) as f:
+                counts.append(sum(1 for line in f if '"path"' in line))
+    return counts
+
+
+def test_the_byte_budget_is_the_file_sources_own_limit(spark, tmp_path) -> None:
+    """--max_bytes_per_batch becomes the file source's maxBytesPerTrigger: a backlog of four
+    landed files is read a file a micro-batch (each is larger than the budget), every row
+    written once."""
+    events = _events(40)
+    landing, out, ckpt = tmp_path / "landing", str(tmp_path / "out"), str(tmp_path / "ckpt")
+    landing.mkdir()
+    for n in range(4):
+        _land(str(landing), f"part-{n}.json", events[10 * n:10 * (n + 1)])
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions([
+        "--streaming", f"--checkpoint_dir={ckpt}", "--trigger_interval=0.2 seconds",
+        "--max_bytes_per_batch=64"]))
+    _ = (p | ReadFromSpark(format="json", path=str(landing), schema=SCHEMA)
+         | beam.Map(lambda r: Value(r.n)).with_output_types(Value)
+         | WriteToSpark(format="parquet", path=out, mode="append"))
+    result = p.run()
+    try:
+        _wait(lambda: _rows_written(spark, out) >= 40, 120, "all 40 rows written")
+    finally:
+        result.drain()
+    assert result.wait_until_finish(120_000) == PipelineState.DRAINED
+    assert _files_per_batch(ckpt) == [1, 1, 1, 1]
+    assert sorted(r.value for r in spark.read.parquet(out).collect()) == list(range(40))

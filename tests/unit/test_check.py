@@ -84,8 +84,10 @@ def test_streaming_refusals_come_from_the_stage_kind_table_all_at_once() -> None
         prepare(proto, PipelineOptions(["--streaming", "--max_items_per_batch=0",
                                         "--spark_remote=sc://cluster.invalid:15002"]))
     text = str(info.value)
-    assert "3 unsupported feature(s)" in text
+    assert "4 unsupported feature(s)" in text
     assert "side inputs of a stateful DoFn in streaming" in text and "UsesSide" in text
+    assert ("a streaming pipeline in the pipeline options (Spark Connect sc://cluster.invalid:"
+            "15002) (sparkbeam's streaming engine needs a classic Spark session") in text
     assert "--max_items_per_batch=0" in text
     assert "streaming without --checkpoint_dir in the pipeline options (Spark Connect" in text
     # Batch has no such refusal; every (kind, side inputs) pair has a row or a reason.
