@@ -100,6 +100,16 @@ def _wait(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-un
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _run_until_drained(p: beam.Pipeline, condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Runs `p` until `condition` holds (two minutes at most), then drains it."""
+    result = p.run()
+    try:
+        _wait(condition, 120, what)
+    finally:
+        result.drain()
+    assert result.wait_until_finish(120_000) == PipelineState.DRAINED
+
+
 def _assert_fnapi_runner_counts(events: list[dict], expected: list[WindowCount]) -> None:
     """FnApiRunner, the same count over the same rows (timestamped by their `ts`), gives
     `expected`."""
@@ -154,12 +164,7 @@ def test_processing_time_rows_of_the_rate_source_reach_a_table_once(spark, tmp_p
     _ = (p | ReadFromSpark(format="rate", options={"rowsPerSecond": 200, "numPartitions": 2})
          | beam.Map(lambda r: Value(r.value)).with_output_types(Value)
          | WriteToSpark(table, mode="append"))
-    result = p.run()
-    try:
-        _wait(lambda: _table_rows(spark, table) >= 300, 120, "300 rows in the table")
-    finally:
-        result.drain()
-    assert result.wait_until_finish(120_000) == PipelineState.DRAINED
+    _run_until_drained(p, lambda: _table_rows(spark, table) >= 300, "300 rows in the table")
     spark.catalog.refreshTable(table)
     values = sorted(r.value for r in spark.read.table(table).collect())
     assert values == list(range(len(values))), "a value missing or written twice"
@@ -316,11 +321,6 @@ def test_the_byte_budget_is_the_file_sources_own_limit(spark, tmp_path) -> None:
     _ = (p | ReadFromSpark(format="json", path=str(landing), schema=SCHEMA)
          | beam.Map(lambda r: Value(r.n)).with_output_types(Value)
          | WriteToSpark(format="parquet", path=out, mode="append"))
-    result = p.run()
-    try:
-        _wait(lambda: _rows_written(spark, out) >= 40, 120, "all 40 rows written")
-    finally:
-        result.drain()
-    assert result.wait_until_finish(120_000) == PipelineState.DRAINED
+    _run_until_drained(p, lambda: _rows_written(spark, out) >= 40, "all 40 rows written")
     assert _files_per_batch(ckpt) == [1, 1, 1, 1]
     assert sorted(r.value for r in spark.read.parquet(out).collect()) == list(range(40))
