@@ -132,8 +132,12 @@ class StageRun:
 
 
 @contextlib.contextmanager
-def leased_run(program: StageProgram, bundle_size: int,
-               timers: TimerBook | None = None) -> Iterator[StageRun]:
-    """A run of `program` on the embedded worker of this process, for one key or task."""
-    with lease_worker(program.stage.descriptor) as worker:
+def leased_run(program: StageProgram, bundle_size: int, timers: TimerBook | None = None,
+               side_inputs: Mapping[bytes, list[bytes]] | None = None) -> Iterator[StageRun]:
+    """A run of `program` on the embedded worker of this process, for one key or task; with
+    `side_inputs`, on a new worker serving them (Beam's DoFn runner keeps the values of
+    global-window side inputs for its lifetime, and a stream's change batch by batch)."""
+    with lease_worker(program.stage.descriptor, fresh=side_inputs is not None) as worker:
+        if side_inputs is not None:
+            worker.state.bind_side_inputs(side_inputs)
         yield StageRun(program, worker, bundle_size, timers=timers)

@@ -168,11 +168,11 @@ STREAMING_STAGES: dict[tuple[StageKind, bool], str] = {
     (StageKind.PLAIN, True): "transformWithState: elements wait for their side inputs",
     (StageKind.GROUPED, True): "transformWithState: panes wait for their side inputs",
     (StageKind.STATEFUL, False): "transformWithState: user state and timers per key",
+    (StageKind.STATEFUL, True): "transformWithState: user state and timers per key, elements "
+                                "waiting in it for their side inputs",
     (StageKind.SPLITTABLE, False): "transformWithState: restrictions per spread key",
 }
 STREAMING_REFUSED: dict[tuple[StageKind, bool], tuple[str, str]] = {
-    (StageKind.STATEFUL, True): ("side inputs of a stateful DoFn in streaming",
-                                 "not built yet in the streaming engine"),
     (StageKind.SPLITTABLE, True): (
         "side inputs read by a splittable DoFn in streaming",
         "its elements cannot wait for the side input inside the read; read the side input in "

@@ -271,6 +271,56 @@ class SideWriter:
         yield from ()
 
 
+class _SideView:
+    """What a stage reading side inputs sees of them in one task's micro-batch: which
+    main-input elements are ready (`sides.SideReadiness`), and the side-input data written by
+    earlier batches (read once per batch)."""
+
+    def __init__(self, processor: _KeyedProcessor, spec: TaskSpec,
+                 sides: tuple[StreamingSide, ...]) -> None:
+        self.processor = processor  # bound: its layout, batch and watermarks
+        self.sides = sides
+        ctx = pipeline_context(spec.components)
+        stage = spec.stage
+        self.readiness = SideReadiness(
+            stage, sides,
+            {n: ctx.coders[i.coder_id].get_impl() for n, i in enumerate(stage.inputs)})
+        self.store = SideStore(processor.layout)
+        self.ctx = ctx
+        self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
+        self._filled: dict[tuple[int, int], set[Any]] = {}
+
+    def split(self, held: list[tuple[int, bytes]]
+              ) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]], int]:
+        """`SideReadiness.split` in this batch: (ready, still waiting, earliest waiting
+        timestamp or MAX_MICROS)."""
+        batch = self.processor.batch
+        return self.readiness.split(
+            held, lambda side: self.processor._watermark_at_start(batch, side.holds),
+            self._windows_with_data)
+
+    def _windows_with_data(self, side: StreamingSide) -> set[Any]:
+        """The windows a (triggered) side input has elements in, as of this batch."""
+        batch = self.processor.batch
+        key = (batch, side.tag)
+        if key not in self._filled:
+            if any(b != batch for b, _ in self._filled):
+                self._filled = {}
+            impl = self.ctx.coders[side.use.coder_id].get_impl()
+            self._filled[key] = {w for data in self.store.elements(side.tag, batch)
+                                 for w in impl.decode_nested(data).windows}
+        return self._filled[key]
+
+    def state(self) -> dict[bytes, list[bytes]]:
+        """The side inputs' data as the SDK's state API serves it, in this batch."""
+        batch = self.processor.batch
+        if self._state is None or self._state[0] != batch:
+            elements = {s.use.buffer_id: self.store.elements(s.tag, batch) for s in self.sides}
+            self._state = (batch, side_input_state([s.use for s in self.sides], elements,
+                                                   self.ctx))
+        return self._state[1]
+
+
 class SideInputStageProcessor(_KeyedProcessor):
     """A stage reading side inputs: its main-input elements wait in the state of a spread key
     (hash of the element modulo --parallelism) until the side inputs are ready for their
@@ -284,45 +334,16 @@ class SideInputStageProcessor(_KeyedProcessor):
 
     def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
         super().bind(handle, blob)
-        ctx = pipeline_context(self.task.spec.components)
-        stage = self.task.spec.stage
-        self.readiness = SideReadiness(
-            stage, self.sides,
-            {n: ctx.coders[i.coder_id].get_impl() for n, i in enumerate(stage.inputs)},
-        )
-        self.store = SideStore(self.layout)
-        self.ctx = ctx
-        self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
-        self._filled: dict[tuple[int, int], set[Any]] = {}
+        self.view = _SideView(self, self.task.spec, self.sides)
 
     def close(self) -> None:
         self._write_hold(self.task.spec.stage.label, self.hold)
-
-    def _windows_with_data(self, side: StreamingSide) -> set[Any]:
-        """The windows a (triggered) side input has elements in, as of this batch."""
-        key = (self.batch, side.tag)
-        if key not in self._filled:
-            if any(batch != self.batch for batch, _ in self._filled):
-                self._filled = {}
-            impl = self.ctx.coders[side.use.coder_id].get_impl()
-            self._filled[key] = {w for data in self.store.elements(side.tag, self.batch)
-                                 for w in impl.decode_nested(data).windows}
-        return self._filled[key]
-
-    def _side_state(self, batch: int) -> dict[bytes, list[bytes]]:
-        if self._state is None or self._state[0] != batch:
-            elements = {s.use.buffer_id: self.store.elements(s.tag, batch) for s in self.sides}
-            self._state = (batch, side_input_state([s.use for s in self.sides], elements,
-                                                   self.ctx))
-        return self._state[1]
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, Pending | None]:
         held: list[tuple[int, bytes]] = pickle.loads(blob) if blob else []
         held.extend((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
-        ready, waiting, hold = self.readiness.split(
-            held, lambda side: self._watermark_at_start(self.batch, side.holds),
-            self._windows_with_data)
+        ready, waiting, hold = self.view.split(held)
         self.hold = min(self.hold, hold)
         out = []
         if ready:
@@ -331,12 +352,50 @@ class SideInputStageProcessor(_KeyedProcessor):
             # A new bundle processor each time: Beam's DoFn runner keeps the values of
             # global-window side inputs for its lifetime, and these change batch by batch.
             outputs = run_stage_task(self.task.spec, ((n, None, v) for n, v in ready),
-                                     self._side_state(self.batch), attempt, fresh_worker=True)
+                                     self.view.state(), attempt, fresh_worker=True)
             out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                    for index, k, v in outputs if index != METRICS_TAG]
         if not waiting:
             return out, None, None
         return out, pickle.dumps(waiting, protocol=5), EVERY_BATCH
+
+
+class StatefulSideInputProcessor(StatefulStageProcessor):
+    """A stateful DoFn reading side inputs: per key, as `StatefulStageProcessor`, but each
+    main-input element waits in the key's blob until the side inputs are ready for its window
+    (as `SideInputStageProcessor`); due timers fire whatever waits. The blob is (the stateful
+    stage's blob, the waiting elements)."""
+
+    def __init__(self, task: StageTask, sides: tuple[StreamingSide, ...], checkpoint: str,
+                 holds: tuple[str, ...] = ()) -> None:
+        super().__init__(task, checkpoint, holds)
+        self.sides = sides
+
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        super().bind(handle, blob)
+        self.view = _SideView(self, self.task.spec, self.sides)
+
+    def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
+                 ) -> tuple[list[Row], bytes | None, Pending | None]:
+        stage_blob, held = pickle.loads(blob) if blob else (None, [])
+        held.extend((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
+        ready, waiting, hold = self.view.split(held)
+        inputs = rows_by_input(iter(ready))
+        try:
+            out, stage_blob, pending = self.key_stage.step(
+                stage_blob, inputs, time, self.view.state() if ready else None)
+        except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
+            self.failed = True
+            raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None
+        rows_out = [Row(tag=self.task.output_tags[index], key=k, value=v)
+                    for index, k, v in out]
+        if waiting:
+            # Run every batch while elements wait; their earliest timestamp holds downstream.
+            timers = pending or Pending()
+            pending = Pending(EVERY_BATCH.event, timers.processing, min(timers.hold, hold))
+        if stage_blob is None and not waiting:
+            return rows_out, None, pending
+        return rows_out, pickle.dumps((stage_blob, waiting), protocol=5), pending
 
 
 class SplittableStageProcessor(_PerKeyStageProcessor):

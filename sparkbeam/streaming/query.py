@@ -34,6 +34,7 @@ from sparkbeam.streaming.operators import (
     SideWriter,
     SplittableStageProcessor,
     StageTask,
+    StatefulSideInputProcessor,
     StatefulStageProcessor,
 )
 from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
@@ -191,6 +192,17 @@ def _stateful(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingP
         ROW_SCHEMA, "Append", "ProcessingTime")
 
 
+def _stateful_with_sides(frame: DataFrame, task: StageTask, stage: Stage,
+                         splan: StreamingPlan, settings: StreamingSettings) -> DataFrame:
+    # User state and timers per key; main-input elements wait in the key's state for their
+    # side inputs.
+    return frame.groupBy("key").transformWithState(
+        ProcessorShell(StatefulSideInputProcessor(
+            task, splan.sides[stage.label], settings.checkpoint_dir,
+            splan.holds_of([i.buffer_id for i in stage.inputs]))),
+        ROW_SCHEMA, "Append", "ProcessingTime")
+
+
 # The operator of each (stage kind, reads side inputs): the rows of `plan.check`'s
 # STREAMING_STAGES (a test keeps the two tables equal). GroupByKeys feeding a stage run before
 # it (`transformWithState` in `build_query_frame`), so a GROUPED stage reads panes.
@@ -200,6 +212,7 @@ _OPERATORS: dict[tuple[StageKind, bool], Callable[..., DataFrame]] = {
     (StageKind.PLAIN, True): _waiting_for_sides,
     (StageKind.GROUPED, True): _waiting_for_sides,
     (StageKind.STATEFUL, False): _stateful,
+    (StageKind.STATEFUL, True): _stateful_with_sides,
     (StageKind.SPLITTABLE, False): _splittable,
 }
 

@@ -165,7 +165,11 @@ _PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
 
 def _micros(batch: pa.RecordBatch, column: str, query: Any) -> list[int]:
     """The timestamp column of `batch` in microseconds; a null is refused, naming it."""
-    array = batch.column(batch.schema.get_field_index(column))
+    index = batch.schema.get_field_index(column)
+    if index < 0:  # e.g. a table whose schema changed since the pipeline was built
+        raise ValueError(f"{query.describe()} has no column {column} (timestamp_column) in "
+                         f"{batch.schema.names}")
+    array = batch.column(index)
     if array.null_count:
         raise ValueError(f"a row of {query.describe()} has no {column} (null): its event time "
                          "is unknown")

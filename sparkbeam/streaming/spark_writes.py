@@ -122,20 +122,23 @@ def _write_batch(spark: Any, write: SparkStreamWrite, batch: int, paths: list[st
             .mapInArrow(_StagedRows(tuple(paths), write.payload, write.components,
                                     write.coder_id), target.struct()))
     location, fmt = _location(spark, target, write.transform)
+    os.makedirs(write.written, exist_ok=True)
     if fmt == "delta":  # Delta's own idempotent append: (app id, version) written once
         writer = (rows.write.format("delta").mode("append").options(**dict(target.options))
                   .option("txnAppId", f"sparkbeam-{query}-{write.index}")
                   .option("txnVersion", str(batch)))
         writer.saveAsTable(target.table) if target.table else writer.save(location)
-    else:
-        _write_files(rows, target, fmt, location, f"{query}-{write.index}", batch, record)
-        if target.table:
-            spark.catalog.refreshTable(target.table)
-            if target.partition_by:
-                spark.sql(f"MSCK REPAIR TABLE {target.table}")
-    os.makedirs(write.written, exist_ok=True)
-    with open(record, "w", encoding="ascii") as f:
-        f.write("written")
+        with open(record, "w", encoding="ascii") as f:
+            f.write("written")
+        return
+    _write_files(rows, target, fmt, _qualified(spark, location), f"{query}-{write.index}",
+                 batch, record)
+    if target.table:
+        # After the record: a driver killed here has written the batch once; the next
+        # batch's refresh (and repair, which registers every partition missing) catches up.
+        spark.catalog.refreshTable(target.table)
+        if target.partition_by:
+            spark.sql(f"MSCK REPAIR TABLE {target.table}")
 
 
 def _location(spark: Any, target: Any, transform: str) -> tuple[str, str]:
@@ -160,7 +163,10 @@ def _location(spark: Any, target: Any, transform: str) -> tuple[str, str]:
 
 def _write_files(rows: Any, target: Any, fmt: str, location: str, name: str, batch: int,
                  record: str) -> None:
-    fs, root = pafs.FileSystem.from_uri(location)
+    """Writes the batch's files aside, moves them in and records the batch (module doc): the
+    record replaces `B.moving` in one rename once every file is in place, so a kill before it
+    takes the moved files out again and a kill after it writes nothing again."""
+    fs, root = pafs.FileSystem.from_uri(_for_arrow(location))
     staging = posixpath.join(root, STAGING, f"{name}-{batch:010d}")
     prefix = f"part-sb-{name}-{batch:010d}-"
     moving = record + ".moving"
@@ -182,8 +188,8 @@ def _write_files(rows: Any, target: Any, fmt: str, location: str, name: str, bat
         folder = root if relative == "." else posixpath.join(root, relative)
         fs.create_dir(folder, recursive=True)
         fs.move(info.path, posixpath.join(folder, prefix + base))
+    os.replace(moving, record)
     _delete_dir(fs, staging)
-    os.remove(moving)
 
 
 def _remove_moved(fs: pafs.FileSystem, root: str, prefix: str) -> None:
@@ -197,10 +203,33 @@ def _delete_dir(fs: pafs.FileSystem, path: str) -> None:
         fs.delete_dir(path)
 
 
+# Spark's Hadoop names of S3 that pyarrow knows as s3.
+_ARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+
+
+def _for_arrow(location: str) -> str:
+    scheme, sep, rest = location.partition("://")
+    return f"{_ARROW_SCHEMES.get(scheme, scheme)}://{rest}" if sep else location
+
+
+def _qualified(spark: Any, location: str) -> str:
+    """`location` as a URI or absolute path: a relative one as Spark's file system resolves
+    it (the working directory locally, the user's home on HDFS)."""
+    if "://" in location or location.startswith("/"):
+        return location
+    path = spark._jvm.org.apache.hadoop.fs.Path(location)  # noqa: SLF001 - no Python API
+    qualified = str(path.getFileSystem(spark._jsc.hadoopConfiguration())  # noqa: SLF001
+                    .makeQualified(path))
+    return qualified[len("file:"):] if qualified.startswith("file:") else qualified
+
+
 def _uri(location: str, path: str) -> str:
-    """`path` (on the file system of `location`) as Spark's writer names it."""
-    if "://" in location:
-        scheme, rest = location.split("://", 1)
-        authority = rest.split("/", 1)[0] if scheme not in ("file",) else ""
-        return f"{scheme}://{authority}{path}"
-    return path
+    """`path` (pyarrow's, on the file system of `location`) as Spark's writer names it: an
+    object store's path begins with its bucket, a file system's with `/` after the host."""
+    if "://" not in location:
+        return path
+    scheme, rest = location.split("://", 1)
+    if not path.startswith("/"):
+        return f"{scheme}://{path}"
+    authority = rest.split("/", 1)[0] if scheme != "file" else ""
+    return f"{scheme}://{authority}{path}"

@@ -11,7 +11,7 @@ in, as Beam's DirectRunner does for one key.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from apache_beam.runners.portability.fn_api_runner.worker_handlers import StateServicer
@@ -52,16 +52,18 @@ class KeyStage:
         self.program = program_for(spec.stage, spec.components, spec.groupings)
         self.infos: list[Any] = []  # monitoring infos of the bundles run since the last take
 
-    def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime
+    def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime,
+             side_inputs: Mapping[bytes, list[bytes]] | None = None
              ) -> tuple[list[OutRow], bytes | None, Pending | None]:
         """(output rows, the key's new blob or None, what its pending timers wait for: their
         earliest fire time per domain and hold (the earliest output timestamp they will emit
-        at); None when none are pending)."""
+        at); None when none are pending). `side_inputs`: the data of the side inputs the
+        elements read (`leased_run`)."""
         saved = pickle.loads(blob) if blob else None
         out: list[OutRow] = []
         book = TimerBook(self.program.timer_impls, self.program.timer_domains,
                          saved["timers"] if saved else None)
-        with leased_run(self.program, self.spec.bundle_size, book) as run:
+        with leased_run(self.program, self.spec.bundle_size, book, side_inputs) as run:
             worker = run.worker
             previous = worker.state.swap_user_state(load_user_state(saved))
             try:

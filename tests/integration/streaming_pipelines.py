@@ -120,6 +120,30 @@ def side_input_from_grouping(p):
             | beam.ParDo(Describe()))
 
 
+class CountWithSums(beam.DoFn):
+    """Per key and window: a running count in state, each element with its window's per-key
+    sums (a side input: the element waits until they are complete). No timer: Beam's
+    DirectRunner fails a timer bundle of a DoFn with windowed side inputs (it maps the window
+    of a main input the bundle does not have)."""
+
+    COUNT = userstate.ReadModifyWriteStateSpec("n", VarIntCoder())
+
+    def process(self, kv, sums, w=beam.DoFn.WindowParam, count=beam.DoFn.StateParam(COUNT)):
+        count.write((count.read() or 0) + 1)
+        yield kv[0], f"[{float(w.start)},{float(w.end)})", count.read(), sums.get(kv[0])
+
+
+def stateful_with_side_input(p):
+    """A stateful DoFn reading its window's per-key sums as a side input: its elements wait
+    in their key's state for the sums, then count."""
+    stream = (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
+                         ("add", [("a", 3, 7), ("a", 6, 8)]), ("wm", 12),
+                         ("add", [("b", 4, 13)]), ("wm", 18), ("add", [("a", 5, 25)]))
+              | beam.WindowInto(window.FixedWindows(10)))
+    sums = stream | "Sums" >> beam.CombinePerKey(sum)
+    return stream | "CountWithSums" >> beam.ParDo(CountWithSums(), beam.pvalue.AsDict(sums))
+
+
 class BufferWithTimers(beam.DoFn):
     """Bag state, an event-time timer at the end of each element's 10 s window (last set
     wins) and a processing-time timer at processing time 7 s, once per key."""
@@ -218,6 +242,7 @@ STREAMING_PIPELINES: dict[str, Callable] = {
     "sessions": sessions,
     "flatten_with_create_and_two_groupings": flatten_with_create_and_two_groupings,
     "side_input_from_grouping": side_input_from_grouping,
+    "stateful_with_side_input": stateful_with_side_input,
 }
 
 

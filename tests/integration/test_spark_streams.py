@@ -244,10 +244,12 @@ def test_the_bounded_path_is_unchanged_on_fnapi_runner(spark, tmp_path) -> None:
         assert_that(got, equal_to(list(range(12))))
 
 
-def test_a_batch_written_again_after_a_killed_move_is_in_the_target_once(spark, tmp_path
-                                                                        ) -> None:
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_a_batch_written_again_after_a_killed_move_is_in_the_target_once(spark, tmp_path,
+                                                                        relative) -> None:
     """The flush's record of a batch decides: written (a replayed flush skips it), or killed
-    while its files moved (the moved files go, the batch is written again)."""
+    while its files moved (the moved files go, the batch is written again). A relative path=
+    is where Spark's file system puts it (the JVM's working directory, this process's)."""
     from apache_beam.coders import RowCoder, WindowedValueCoder
     from apache_beam.coders.coders import GlobalWindowCoder
     from apache_beam.internal import pickler
@@ -265,7 +267,8 @@ def test_a_batch_written_again_after_a_killed_move_is_in_the_target_once(spark, 
     context = PipelineContext()
     coder_id = context.coders.get_id(coder)
     target = dataclasses.replace(
-        WriteToSpark(format="parquet", path=str(tmp_path / "out"), mode="append").target,
+        WriteToSpark(format="parquet", mode="append", path=os.path.relpath(tmp_path / "out")
+                     if relative else str(tmp_path / "out")).target,
         schema=schema.SerializeToString())  # as WriteToSpark.expand sets it
     layout = CheckpointLayout(str(tmp_path / "ckpt"))
     (writes,) = spark_stream_writes(
