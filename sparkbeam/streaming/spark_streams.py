@@ -34,7 +34,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkbeam import urns
 from sparkbeam.streaming.checkpoint import write_hold
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS
 
@@ -180,14 +179,13 @@ def _micros(batch: pa.RecordBatch, column: str, query: Any) -> list[int]:
 
 
 # Spark's sources whose own limits count what a budget dimension counts: format -> (the
-# option limiting items, the option limiting bytes). Spark's file source refuses a byte limit
-# beside `maxFilesPerTrigger`; Delta takes both.
-_FILES = (None, "maxBytesPerTrigger")
+# option limiting items, the option limiting bytes); Spark's file formats limit bytes too.
+# Spark's file source refuses a byte limit beside `maxFilesPerTrigger`; Delta takes both.
 _LIMITS: dict[str, tuple[str | None, str | None]] = {
     "kafka": ("maxOffsetsPerTrigger", None),
     "delta": (None, "maxBytesPerTrigger"),
-    **{f: _FILES for f in urns.SPARK_FILE_FORMATS},
 }
+_FILES = (None, "maxBytesPerTrigger")
 _EXCLUSIVE = {"maxBytesPerTrigger": "maxFilesPerTrigger"}  # for the file source only
 
 
@@ -195,9 +193,14 @@ def spark_limits(query: Any, max_items: int | None, max_bytes: int | None
                  ) -> tuple[dict[str, str], list[str]]:
     """(the source options the work budget sets on `query`'s stream, what it cannot set and
     why): `module doc`. Options the user gave win, compared as Spark does, ignoring case."""
+    # Imported here: Spark's planning processes import this module (for `StreamClock`) and
+    # must not load apache_beam, which `urns` does.
+    from sparkbeam.urns import SPARK_FILE_FORMATS
+
     given = {k.lower() for k, _ in query.options}
     fmt = (query.format or "").lower()
-    item_option, byte_option = _LIMITS.get(fmt, (None, None))
+    item_option, byte_option = _LIMITS.get(
+        fmt, _FILES if fmt in SPARK_FILE_FORMATS else (None, None))
     limits: dict[str, str] = {}
     unset: list[str] = []
     where = "a table's stream" if query.table else f"Spark's {fmt} source"
