@@ -7,6 +7,7 @@ The one module that knows where things are under `--checkpoint_dir` (no pyspark)
     commits/<batch>                 Spark's commit log (read: which batches have committed)
     state/, sources/                Spark's own (never read here)
     sides/<tag>/batch-B-part-P      one task's elements of a side-input buffer in batch B
+    sides/<tag>/batch-K-compact     what readers still see of batches up to K (`sides.py`)
     staged/<n>/batch-B-part-P       exactly-once write n's input of batch B, until written
     holds/<label>/batch-B-part-P    one holding task's earliest hold at the end of batch B
     reads/<tag>/batch-B-part-P      the latest event time a Spark stream's task read in batch B
@@ -251,31 +252,72 @@ def read_side_file(path: str) -> list[bytes]:
     return values
 
 
+def _side_batch(name: str) -> int:
+    return int(name.split("-")[1])
+
+
+def side_files(names: Iterable[str], before_batch: int) -> list[str]:
+    """Of a side buffer's file names, those a reader of batch `before_batch` reads, in batch
+    order: the newest compacted file before it (`batch-K-compact` holds all that readers
+    still see of the batches up to K, and supersedes their files, which are left over only if
+    compaction was interrupted), then the task files after K and before `before_batch`."""
+    files = sorted(n for n in names if n.startswith("batch-"))
+    compacted = [n for n in files if n.endswith(_COMPACT) and _side_batch(n) < before_batch]
+    newest = max(compacted, key=_side_batch, default=None)
+    since = _side_batch(newest) if newest is not None else -1
+    return ([newest] if newest else []) + [
+        n for n in files if not n.endswith(_COMPACT) and since < _side_batch(n) < before_batch]
+
+
+_COMPACT = "-compact"
+
+
+def write_compacted_side(directory: str, through_batch: int, values: list[bytes]) -> None:
+    """Replaces the files of the batches up to `through_batch` by one holding `values` (what
+    readers still see of them): written whole first, then the superseded files go."""
+    os.makedirs(directory, exist_ok=True)
+    name = f"batch-{through_batch:010d}{_COMPACT}"
+    temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    with open(temporary, "wb") as f:
+        for value in values:
+            f.write(_LENGTH.pack(len(value)))
+            f.write(value)
+    os.replace(temporary, os.path.join(directory, name))
+    for other in os.listdir(directory):
+        if other.startswith("batch-") and other != name and _side_batch(other) <= through_batch:
+            os.remove(os.path.join(directory, other))
+
+
 class SideStore:
     """The elements of side-input buffers written before a micro-batch; files of finished
-    batches never change, so each is read once per process."""
+    batches never change, so each is read once per process (and forgotten once compacted)."""
 
     def __init__(self, layout: CheckpointLayout) -> None:
         self.layout = layout
         self._files: dict[int, dict[str, list[bytes]]] = {}
         self._lock = threading.Lock()
 
-    def elements(self, tag: int, before_batch: int) -> list[bytes]:
+    def batches(self, tag: int, before_batch: int) -> list[tuple[int, list[bytes]]]:
+        """(batch, its elements) of the files written before `before_batch`, in batch order
+        (a compacted file counts as its last batch)."""
         directory = self.layout.side_dir(tag)
         with self._lock:
-            files = self._files.setdefault(tag, {})
             try:
-                names = sorted(n for n in os.listdir(directory) if n.startswith("batch-"))
+                present = os.listdir(directory)
             except FileNotFoundError:
-                names = []
-            out: list[bytes] = []
-            for name in names:
-                if int(name.split("-")[1]) >= before_batch:
-                    break
-                if name not in files:
-                    files[name] = read_side_file(os.path.join(directory, name))
-                out.extend(files[name])
+                present = []
+            cached = self._files.setdefault(tag, {})
+            for gone in set(cached) - set(present):
+                del cached[gone]  # compacted away
+            out = []
+            for name in side_files(present, before_batch):
+                if name not in cached:
+                    cached[name] = read_side_file(os.path.join(directory, name))
+                out.append((_side_batch(name), cached[name]))
             return out
+
+    def elements(self, tag: int, before_batch: int) -> list[bytes]:
+        return [v for _, values in self.batches(tag, before_batch) for v in values]
 
 
 # -- hold files ------------------------------------------------------------------------------

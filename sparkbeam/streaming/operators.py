@@ -37,7 +37,13 @@ from sparkbeam.streaming.checkpoint import (
 )
 from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, load_state, pending_of
 from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, Pending, RunnerTime
-from sparkbeam.streaming.sides import SideReadiness, StreamingSide, values_of
+from sparkbeam.streaming.sides import (
+    SideReadiness,
+    StreamingSide,
+    reader_bound,
+    values_of,
+    visible_elements,
+)
 from sparkbeam.streaming.splittable import SplittableKey, spread_endpoint
 from sparkbeam.streaming.stateful import KeyStage, rows_by_input
 
@@ -289,6 +295,7 @@ class _SideView:
         self.ctx = ctx
         self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
         self._filled: dict[tuple[int, int], set[Any]] = {}
+        self._seen: dict[tuple[int, int], list[bytes]] = {}
 
     def split(self, held: list[tuple[int, bytes]]
               ) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]], int]:
@@ -299,6 +306,20 @@ class _SideView:
             held, lambda side: self.processor._watermark_at_start(batch, side.holds),
             self._windows_with_data)
 
+    def _visible(self, side: StreamingSide) -> list[bytes]:
+        """What this batch sees of `side` (`sides.visible_elements`)."""
+        batch = self.processor.batch
+        key = (batch, side.tag)
+        if key not in self._seen:
+            if any(b != batch for b, _ in self._seen):
+                self._seen = {}
+            bound = reader_bound(side, batch, self.processor._runner_watermark_at_start,
+                                 self.processor.hold_store)
+            self._seen[key] = visible_elements(
+                self.store.batches(side.tag, batch),
+                self.ctx.coders[side.use.coder_id].get_impl(), side.discarding, bound)
+        return self._seen[key]
+
     def _windows_with_data(self, side: StreamingSide) -> set[Any]:
         """The windows a (triggered) side input has elements in, as of this batch."""
         batch = self.processor.batch
@@ -307,7 +328,7 @@ class _SideView:
             if any(b != batch for b, _ in self._filled):
                 self._filled = {}
             impl = self.ctx.coders[side.use.coder_id].get_impl()
-            self._filled[key] = {w for data in self.store.elements(side.tag, batch)
+            self._filled[key] = {w for data in self._visible(side)
                                  for w in impl.decode_nested(data).windows}
         return self._filled[key]
 
@@ -315,7 +336,7 @@ class _SideView:
         """The side inputs' data as the SDK's state API serves it, in this batch."""
         batch = self.processor.batch
         if self._state is None or self._state[0] != batch:
-            elements = {s.use.buffer_id: self.store.elements(s.tag, batch) for s in self.sides}
+            elements = {s.use.buffer_id: self._visible(s) for s in self.sides}
             self._state = (batch, side_input_state([s.use for s in self.sides], elements,
                                                    self.ctx))
         return self._state[1]

@@ -28,7 +28,12 @@ from sparkbeam import urns
 from sparkbeam.engine.context import pipeline_context
 from sparkbeam.engine.watermarks import upstream_holds
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
-from sparkbeam.streaming.sides import StreamingSide, is_triggered
+from sparkbeam.streaming.sides import (
+    StreamingSide,
+    is_discarding,
+    is_triggered,
+    side_lateness,
+)
 from sparkbeam.streaming.script import MAX_MICROS, MIN_MICROS, Endpoint, Item, Script
 
 IMPULSE_TAG = 0
@@ -117,15 +122,22 @@ def streaming_plan(plan: Plan) -> StreamingPlan:
         in _HOLDING_OUTPUT_TIMES
     }
     holds = upstream_holds(stages, holding_groupings)
-    sides = {
-        stage.label: tuple(
-            StreamingSide(use, tags[use.buffer_id], holds.get(use.buffer_id, ()),
-                          is_triggered(comps, translations.split_buffer_id(use.buffer_id)[1]))
-            for use in stage.side_inputs)
-        for stage in stages
-        if stage.side_inputs
-    }
+    sides = {stage.label: _sides_of(stage, comps, tags, holds)
+             for stage in stages if stage.side_inputs}
     return StreamingPlan(_without_events(plan), script, tags, tuple(stages), sides, holds, steps)
+
+
+def _sides_of(stage: Stage, comps: beam_runner_api_pb2.Components, tags: dict[bytes, int],
+              holds: dict[bytes, tuple[str, ...]]) -> tuple[StreamingSide, ...]:
+    main_holds = tuple(sorted({h for i in stage.inputs for h in holds.get(i.buffer_id, ())}))
+    out = []
+    for use in stage.side_inputs:
+        pcoll = translations.split_buffer_id(use.buffer_id)[1]
+        triggered = is_triggered(comps, pcoll)
+        out.append(StreamingSide(use, tags[use.buffer_id], holds.get(use.buffer_id, ()),
+                                 triggered, triggered and is_discarding(comps, pcoll),
+                                 side_lateness(stage, use), main_holds, stage.label))
+    return tuple(out)
 
 
 # A GroupByKey whose panes are timestamped before their window's end holds the watermark of

@@ -26,7 +26,13 @@ from sparkbeam.engine.task_errors import stage_error
 from sparkbeam.errors import ExecutionError, JobCancelledError
 from sparkbeam.plan.model import Stage, StageKind
 from sparkbeam.streaming.beam_source import BeamSource, encode
-from sparkbeam.streaming.checkpoint import CheckpointLayout, FileHoldStore, read_offset_entry
+from sparkbeam.streaming.checkpoint import (
+    CheckpointLayout,
+    FileHoldStore,
+    OffsetLogClock,
+    SideStore,
+    read_offset_entry,
+)
 from sparkbeam.streaming.operators import (
     ROW_SCHEMA,
     GroupByKeyProcessor,
@@ -40,6 +46,7 @@ from sparkbeam.streaming.operators import (
 from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
 from sparkbeam.streaming.shell import ProcessorShell
+from sparkbeam.streaming.sides import SideCompactor
 from sparkbeam.streaming.spark_streams import stream_reads
 from sparkbeam.streaming.spark_writes import flush_spark_writes, spark_stream_writes
 from sparkbeam.streaming.splittable import spread_endpoints
@@ -276,6 +283,11 @@ class StreamingQueryRun:
         self._spark_writes = spark_stream_writes(self.layout, splan.plan.spark_writes,
                                                  splan.plan.components)
         self._query_id: str | None = None
+        self._clock: OffsetLogClock | None = None
+        self._compactor = (SideCompactor(splan.sides, splan.plan.components,
+                                         SideStore(self.layout), self._runner_watermark,
+                                         self._holds)
+                           if splan.sides else None)
 
     def _wait_for_commit(self, batch: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -299,10 +311,18 @@ class StreamingQueryRun:
                        before_batch)
         flush_spark_writes(spark, self._spark_writes, self._query_id, before_batch)
 
+    def _runner_watermark(self, batch: int) -> int:
+        """The runner's watermark at the start of `batch` (its offset)."""
+        if self._clock is None:
+            self._clock = OffsetLogClock(self.layout)
+        return self._clock.of_batch(batch).watermark_before
+
     def _sink(self, frame: DataFrame, batch_id: int) -> None:
         frame.write.format("noop").mode("overwrite").save()
         # This batch is not committed yet; every batch before it is.
         self._flush(frame.sparkSession, batch_id)
+        if self._compactor is not None:  # this batch's tasks have read the side inputs
+            self._compactor.compact(batch_id)
         self.batches = batch_id + 1
         entry = read_offset_entry(self.layout.offset_file(batch_id))
         offset = entry.offset if entry is not None else {}
