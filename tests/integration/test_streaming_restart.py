@@ -17,7 +17,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from sparkbeam.streaming.sinks import WriteToFilesPerBatch, read_lines
-from tests.integration.streaming_pipelines import early_accumulating_late
+from tests.integration.streaming_pipelines import STREAMING_PIPELINES
 
 DRIVER = textwrap.dedent("""
     import sys
@@ -25,28 +25,28 @@ DRIVER = textwrap.dedent("""
     from apache_beam.options.pipeline_options import PipelineOptions
     from sparkbeam import SparkRunner
     from sparkbeam.streaming.sinks import WriteToFilesPerBatch
-    from tests.integration.streaming_pipelines import early_accumulating_late
+    from tests.integration.streaming_pipelines import STREAMING_PIPELINES
 
-    out, ckpt = sys.argv[1], sys.argv[2]
+    out, ckpt, name = sys.argv[1], sys.argv[2], sys.argv[3]
     options = PipelineOptions(["--streaming", "--allow_unsafe_triggers", "--parallelism=2",
                                "--spark_master=local[2]", f"--checkpoint_dir={ckpt}"])
     with beam.Pipeline(runner=SparkRunner(), options=options) as p:
-        early_accumulating_late(p) | WriteToFilesPerBatch(out)
+        STREAMING_PIPELINES[name](p) | WriteToFilesPerBatch(out)
     print("DRIVER DONE", flush=True)
 """)
 
 
-def _expected() -> list[str]:
+def _expected(name: str) -> list[str]:
     out = tempfile.mkdtemp(prefix="sparkbeam-restart-ref-")
     options = PipelineOptions(["--streaming", "--allow_unsafe_triggers"])
     with beam.Pipeline(runner="BundleBasedDirectRunner", options=options) as p:
-        early_accumulating_late(p) | WriteToFilesPerBatch(out)
+        STREAMING_PIPELINES[name](p) | WriteToFilesPerBatch(out)
     return sorted(read_lines(out))
 
 
-def _start(out: str, ckpt: str, log) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+def _start(out: str, ckpt: str, log, name: str) -> subprocess.Popen:  # type: ignore[no-untyped-def]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    return subprocess.Popen([sys.executable, "-c", DRIVER, out, ckpt], stdout=log,
+    return subprocess.Popen([sys.executable, "-c", DRIVER, out, ckpt, name], stdout=log,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -60,18 +60,24 @@ def _wait_for_batch(ckpt: str, batch: int, proc: subprocess.Popen, timeout: floa
     return False
 
 
-@pytest.mark.slow  # ~3 min (four driver starts): `make test-slow`, not in `make test`
-def test_kill_9_three_times_then_same_output_without_duplicates(tmp_path) -> None:
-    expected = _expected()
-    assert len(expected) >= 10
+# Pipeline -> the batches it may be killed in: early_accumulating_late's 17 events (with the
+# final watermark) make 14 batches (three element events share theirs with the watermark
+# event after them); stateful_with_side_input (a stateful DoFn whose elements wait in its
+# keys' state for a side input) runs 8 events and the batches its holds add.
+KILLABLE = {"early_accumulating_late": range(2, 13), "stateful_with_side_input": range(2, 9)}
+
+
+@pytest.mark.slow  # ~3 min each (four driver starts): `make test-slow`, not in `make test`
+@pytest.mark.parametrize("name", sorted(KILLABLE))
+def test_kill_9_three_times_then_same_output_without_duplicates(tmp_path, name: str) -> None:
+    expected = _expected(name)
+    assert len(expected) >= 6
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
     rng = random.Random(7)
-    # The script's 17 events (with the final watermark) make 14 batches: three element events
-    # share theirs with the watermark event after them.
-    kill_at = sorted(rng.sample(range(2, 13), 3))
+    kill_at = sorted(rng.sample(KILLABLE[name], 3))
     with open(tmp_path / "driver.log", "w") as log:
         for batch in kill_at:
-            proc = _start(out, ckpt, log)
+            proc = _start(out, ckpt, log, name)
             try:
                 assert _wait_for_batch(ckpt, batch, proc, 240), (
                     f"batch {batch} never started; see {tmp_path / 'driver.log'}")
@@ -83,7 +89,7 @@ def test_kill_9_three_times_then_same_output_without_duplicates(tmp_path) -> Non
                 proc.wait(30)
             log.write(f"\n===== killed in batch {batch} =====\n")
             log.flush()
-        proc = _start(out, ckpt, log)
+        proc = _start(out, ckpt, log, name)
         assert proc.wait(300) == 0, (tmp_path / "driver.log").read_text()[-3000:]
     actual = read_lines(out)
     assert len(actual) == len(set(actual)), "a pane was written twice"
