@@ -132,12 +132,34 @@ class StageRun:
 
 
 @contextlib.contextmanager
-def leased_run(program: StageProgram, bundle_size: int, timers: TimerBook | None = None,
-               side_inputs: Mapping[bytes, list[bytes]] | None = None) -> Iterator[StageRun]:
-    """A run of `program` on the embedded worker of this process, for one key or task; with
-    `side_inputs`, on a new worker serving them (Beam's DoFn runner keeps the values of
-    global-window side inputs for its lifetime, and a stream's change batch by batch)."""
-    with lease_worker(program.stage.descriptor, fresh=side_inputs is not None) as worker:
-        if side_inputs is not None:
-            worker.state.bind_side_inputs(side_inputs)
+def leased_run(program: StageProgram, bundle_size: int,
+               timers: TimerBook | None = None) -> Iterator[StageRun]:
+    """A run of `program` on the embedded worker of this process, for one key or task."""
+    with lease_worker(program.stage.descriptor) as worker:
         yield StageRun(program, worker, bundle_size, timers=timers)
+
+
+class BatchSideWorker:
+    """Runs of a stage whose elements read side inputs that change between micro-batches: one
+    new worker per batch, serving that batch's side-input data, shared by the batch's keys
+    (Beam's DoFn runner keeps the values of global-window side inputs for its lifetime, so a
+    worker is never reused across batches; one per key would start the DoFns anew per key)."""
+
+    def __init__(self) -> None:
+        self._current: tuple[int, contextlib.ExitStack, Worker] | None = None
+
+    def run(self, program: StageProgram, bundle_size: int, timers: TimerBook, batch: int,
+            side_inputs: Mapping[bytes, list[bytes]]) -> StageRun:
+        if self._current is None or self._current[0] != batch:
+            self.close()
+            stack = contextlib.ExitStack()
+            worker = stack.enter_context(lease_worker(program.stage.descriptor, fresh=True))
+            worker.state.bind_side_inputs(side_inputs)
+            self._current = (batch, stack, worker)
+        return StageRun(program, self._current[2], bundle_size, timers=timers)
+
+    def close(self) -> None:
+        """Tears the worker down."""
+        if self._current is not None:
+            self._current[1].close()
+            self._current = None

@@ -396,6 +396,10 @@ class StatefulSideInputProcessor(StatefulStageProcessor):
         super().bind(handle, blob)
         self.view = _SideView(self, self.task.spec, self.sides)
 
+    def close(self) -> None:
+        super().close()
+        self.key_stage.sided.close()
+
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, Pending | None]:
         stage_blob, held = pickle.loads(blob) if blob else (None, [])
@@ -404,7 +408,7 @@ class StatefulSideInputProcessor(StatefulStageProcessor):
         inputs = rows_by_input(iter(ready))
         try:
             out, stage_blob, pending = self.key_stage.step(
-                stage_blob, inputs, time, self.view.state() if ready else None)
+                stage_blob, inputs, time, (self.batch, self.view.state()) if ready else None)
         except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
             self.failed = True
             raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None

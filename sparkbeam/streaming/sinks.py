@@ -34,12 +34,17 @@ def _task_identity() -> tuple[str, int, int] | None:
             tc.taskAttemptId())
 
 
+# (directory, task attempt id) -> the next file number of that attempt, per process: a Spark
+# task runs in one Python worker, but not always in one DoFn instance (a stage run per key may
+# start a new bundle processor per key), and every instance must add to the attempt's files.
+_ATTEMPTS: dict[tuple[str, int], int] = {}
+_KEPT_ATTEMPTS = 256
+
+
 class _WritePerBatch(beam.DoFn):
     def __init__(self, directory: str, suffix: str) -> None:
         self.directory = directory
         self.suffix = suffix
-        self._attempt: Any = None
-        self._count = 0
 
     def setup(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
@@ -53,13 +58,15 @@ class _WritePerBatch(beam.DoFn):
             return
         self._unique = ""
         batch, partition, attempt = identity
-        if attempt != self._attempt:
+        self._attempt = (self.directory, attempt)
+        if self._attempt not in _ATTEMPTS:
             # First bundle of this task attempt: what an earlier attempt of the same batch and
             # partition wrote is replaced, not added to.
-            self._attempt = attempt
-            self._count = 0
             for stale in glob.glob(self._path(batch, partition, "*")):
                 os.remove(stale)
+            _ATTEMPTS[self._attempt] = 0
+            while len(_ATTEMPTS) > _KEPT_ATTEMPTS:
+                del _ATTEMPTS[next(iter(_ATTEMPTS))]
         self._prefix = (batch, partition)
 
     def process(self, element: Any) -> Iterator[Any]:
@@ -70,8 +77,10 @@ class _WritePerBatch(beam.DoFn):
         if not self._lines:
             return
         batch, partition = self._prefix
-        final = self._path(batch, partition, self._unique or f"{self._count:05d}")
-        self._count += 1
+        if not self._unique:
+            count = _ATTEMPTS.get(self._attempt, 0)
+            _ATTEMPTS[self._attempt] = count + 1
+        final = self._path(batch, partition, self._unique or f"{count:05d}")
         temporary = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}")
         with open(temporary, "w", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in self._lines))

@@ -10,6 +10,7 @@ in, as Beam's DirectRunner does for one key.
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from apache_beam.runners.portability.fn_api_runner.worker_handlers import StateServicer
 
 from sparkbeam.engine.program import OutRow, program_for
-from sparkbeam.engine.run import leased_run
+from sparkbeam.engine.run import BatchSideWorker, leased_run
 from sparkbeam.engine.task import TaskSpec
 from sparkbeam.engine.timers import Limits, Ordering, TimerBook
 from sparkbeam.metrics import merge_infos
@@ -51,19 +52,23 @@ class KeyStage:
         self.spec = spec
         self.program = program_for(spec.stage, spec.components, spec.groupings)
         self.infos: list[Any] = []  # monitoring infos of the bundles run since the last take
+        self.sided = BatchSideWorker()  # for elements that read side inputs
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime,
-             side_inputs: Mapping[bytes, list[bytes]] | None = None
+             sides: tuple[int, Mapping[bytes, list[bytes]]] | None = None
              ) -> tuple[list[OutRow], bytes | None, Pending | None]:
         """(output rows, the key's new blob or None, what its pending timers wait for: their
         earliest fire time per domain and hold (the earliest output timestamp they will emit
-        at); None when none are pending). `side_inputs`: the data of the side inputs the
-        elements read (`leased_run`)."""
+        at); None when none are pending). `sides`: (the micro-batch, the data of the side
+        inputs its elements read)."""
         saved = pickle.loads(blob) if blob else None
         out: list[OutRow] = []
         book = TimerBook(self.program.timer_impls, self.program.timer_domains,
                          saved["timers"] if saved else None)
-        with leased_run(self.program, self.spec.bundle_size, book, side_inputs) as run:
+        runs = (leased_run(self.program, self.spec.bundle_size, book) if sides is None
+                else contextlib.nullcontext(self.sided.run(self.program, self.spec.bundle_size,
+                                                           book, *sides)))
+        with runs as run:
             worker = run.worker
             previous = worker.state.swap_user_state(load_user_state(saved))
             try:

@@ -459,3 +459,4 @@ def test_a_slowly_updating_side_input_shows_its_latest_pane_and_its_files_stay_f
     (directory,) = [os.path.join(ckpt, "sides", d) for d in os.listdir(ckpt / "sides")]
     files = os.listdir(directory)
     assert len(files) <= 10 and any(f.endswith("-compact") for f in files), files
+

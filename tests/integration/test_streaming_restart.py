@@ -93,4 +93,4 @@ def test_kill_9_three_times_then_same_output_without_duplicates(tmp_path, name: 
         assert proc.wait(300) == 0, (tmp_path / "driver.log").read_text()[-3000:]
     actual = read_lines(out)
     assert len(actual) == len(set(actual)), "a pane was written twice"
-    assert sorted(actual) == expected
+    assert sorted(actual) == expected, (sorted(actual), expected)
