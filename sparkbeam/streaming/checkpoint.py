@@ -231,6 +231,12 @@ def write_side_file(directory: str, batch: int, partition: int, values: list[byt
         if os.path.exists(final):
             os.remove(final)
         return
+    _write_values(directory, final, values)
+
+
+def _write_values(directory: str, final: str, values: list[bytes]) -> None:
+    """`values`, length-prefixed, written aside and renamed to `final` (a reader sees the
+    whole file or none)."""
     os.makedirs(directory, exist_ok=True)
     temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
     with open(temporary, "wb") as f:
@@ -275,14 +281,8 @@ _COMPACT = "-compact"
 def write_compacted_side(directory: str, through_batch: int, values: list[bytes]) -> None:
     """Replaces the files of the batches up to `through_batch` by one holding `values` (what
     readers still see of them): written whole first, then the superseded files go."""
-    os.makedirs(directory, exist_ok=True)
     name = f"batch-{through_batch:010d}{_COMPACT}"
-    temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-    with open(temporary, "wb") as f:
-        for value in values:
-            f.write(_LENGTH.pack(len(value)))
-            f.write(value)
-    os.replace(temporary, os.path.join(directory, name))
+    _write_values(directory, os.path.join(directory, name), values)
     for other in os.listdir(directory):
         if other.startswith("batch-") and other != name and _side_batch(other) <= through_batch:
             os.remove(os.path.join(directory, other))

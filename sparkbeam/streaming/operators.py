@@ -293,9 +293,12 @@ class _SideView:
             {n: ctx.coders[i.coder_id].get_impl() for n, i in enumerate(stage.inputs)})
         self.store = SideStore(processor.layout)
         self.ctx = ctx
-        self._state: tuple[int, dict[bytes, list[bytes]]] | None = None
-        self._filled: dict[tuple[int, int], set[Any]] = {}
-        self._seen: dict[tuple[int, int], list[bytes]] = {}
+        # What this batch's keys see, read once per batch: side tag -> visible elements, side
+        # tag -> their windows, the state entries (the caches are of `_batch`).
+        self._batch = -1
+        self._seen: dict[int, list[bytes]] = {}
+        self._filled: dict[int, set[Any]] = {}
+        self._state: dict[bytes, list[bytes]] | None = None
 
     def split(self, held: list[tuple[int, bytes]]
               ) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]], int]:
@@ -306,40 +309,39 @@ class _SideView:
             held, lambda side: self.processor._watermark_at_start(batch, side.holds),
             self._windows_with_data)
 
+    def _this_batch(self) -> int:
+        batch = self.processor.batch
+        if batch != self._batch:
+            self._batch, self._seen, self._filled, self._state = batch, {}, {}, None
+        return batch
+
     def _visible(self, side: StreamingSide) -> list[bytes]:
         """What this batch sees of `side` (`sides.visible_elements`)."""
-        batch = self.processor.batch
-        key = (batch, side.tag)
-        if key not in self._seen:
-            if any(b != batch for b, _ in self._seen):
-                self._seen = {}
+        batch = self._this_batch()
+        if side.tag not in self._seen:
             bound = reader_bound(side, batch, self.processor._runner_watermark_at_start,
                                  self.processor.hold_store)
-            self._seen[key] = visible_elements(
+            self._seen[side.tag] = visible_elements(
                 self.store.batches(side.tag, batch),
                 self.ctx.coders[side.use.coder_id].get_impl(), side.discarding, bound)
-        return self._seen[key]
+        return self._seen[side.tag]
 
     def _windows_with_data(self, side: StreamingSide) -> set[Any]:
         """The windows a (triggered) side input has elements in, as of this batch."""
-        batch = self.processor.batch
-        key = (batch, side.tag)
-        if key not in self._filled:
-            if any(b != batch for b, _ in self._filled):
-                self._filled = {}
+        self._this_batch()
+        if side.tag not in self._filled:
             impl = self.ctx.coders[side.use.coder_id].get_impl()
-            self._filled[key] = {w for data in self._visible(side)
-                                 for w in impl.decode_nested(data).windows}
-        return self._filled[key]
+            self._filled[side.tag] = {w for data in self._visible(side)
+                                      for w in impl.decode_nested(data).windows}
+        return self._filled[side.tag]
 
     def state(self) -> dict[bytes, list[bytes]]:
         """The side inputs' data as the SDK's state API serves it, in this batch."""
-        batch = self.processor.batch
-        if self._state is None or self._state[0] != batch:
+        self._this_batch()
+        if self._state is None:
             elements = {s.use.buffer_id: self._visible(s) for s in self.sides}
-            self._state = (batch, side_input_state([s.use for s in self.sides], elements,
-                                                   self.ctx))
-        return self._state[1]
+            self._state = side_input_state([s.use for s in self.sides], elements, self.ctx)
+        return self._state
 
 
 class SideInputStageProcessor(_KeyedProcessor):

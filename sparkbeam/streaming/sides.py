@@ -34,8 +34,10 @@ from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
+from sparkbeam.engine.context import pipeline_context
 from sparkbeam.engine.watermarks import HoldStore, watermark_at_start
 from sparkbeam.plan.model import SideInputUse, Stage, side_input_proto
+from sparkbeam.streaming.checkpoint import write_compacted_side
 from sparkbeam.streaming.script import MAX_MICROS
 
 
@@ -112,10 +114,10 @@ def visible_elements(batches: list[tuple[int, list[bytes]]], impl: Any, discardi
     in several windows keeps those it is seen in."""
     if not discarding and dead_before is None:
         return [v for _, values in batches for v in values]
-    decoded = [(batch, impl.decode_nested(v)) for batch, values in batches for v in values]
+    decoded = [(batch, v, impl.decode_nested(v)) for batch, values in batches for v in values]
     latest: dict[Any, int] = {}
     if discarding:
-        for batch, wv in decoded:
+        for batch, _, wv in decoded:
             for w in wv.windows:
                 latest[w] = max(latest.get(w, batch), batch)
 
@@ -126,7 +128,7 @@ def visible_elements(batches: list[tuple[int, list[bytes]]], impl: Any, discardi
         return not discarding or latest[w] == batch
 
     out = []
-    for (batch, wv), (_, value) in zip(decoded, _encoded(batches), strict=True):
+    for batch, value, wv in decoded:
         windows = [w for w in wv.windows if seen(batch, w)]
         if len(windows) == len(wv.windows):
             out.append(value)
@@ -135,9 +137,6 @@ def visible_elements(batches: list[tuple[int, list[bytes]]], impl: Any, discardi
                 WindowedValue(wv.value, wv.timestamp, tuple(windows), wv.pane_info)))
     return out
 
-
-def _encoded(batches: list[tuple[int, list[bytes]]]) -> Iterator[tuple[int, bytes]]:
-    return ((batch, v) for batch, values in batches for v in values)
 
 
 class SideReadiness:
@@ -197,8 +196,6 @@ class SideCompactor:
     def __init__(self, sides: dict[str, tuple[StreamingSide, ...]], components: bytes,
                  store: Any, runner_watermark_at_start: Callable[[int], int],
                  holds: HoldStore, every: int = 8) -> None:
-        from sparkbeam.engine.context import pipeline_context
-
         self.readers: dict[int, list[StreamingSide]] = {}
         for uses in sides.values():
             for side in uses:
@@ -213,8 +210,6 @@ class SideCompactor:
 
     def compact(self, batch: int) -> int:
         """Compacts what is due before `batch` (its tasks have run); the buffers compacted."""
-        from sparkbeam.streaming.checkpoint import write_compacted_side
-
         done = 0
         for tag, readers in sorted(self.readers.items()):
             batches = self.store.batches(tag, batch)
