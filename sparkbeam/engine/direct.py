@@ -19,6 +19,7 @@ which must fail too; if it does not, the task fails rather than lose the dropped
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ class _Step:
     element_at: int  # where the element goes in `args`
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    # The user's function inside Beam's own Map or Filter wrapper (`wrapped_fn`), called
+    # without the wrapper's one-element list per element.
+    wrapped: tuple[str, Callable[[Any], Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class _Combine:
     fn: Any  # Beam's curried CombineFn
     compact: Callable[[Any], Any] | None
     max_keys: int
+    # Beam's built-in CombineFn when it is one the table runs inline: "count" (Count's
+    # CountCombineFn), or "sum", "min", "max" (CombinePerKey of the builtin, on exact ints).
+    inline: str = ""
 
 
 class DirectProgram:
@@ -102,7 +109,7 @@ class DirectProgram:
                 raise AssertionError(f"{transform.unique_name}: not a direct function")
             at, args, kwargs = call
             steps.append(_Step(tid, transform.unique_name, dofn.process, at,
-                               tuple(args), kwargs))
+                               tuple(args), kwargs, wrapped_fn(dofn.process)))
         self.steps = tuple(steps)
         self.combine: _Combine | None = None
         if chain.combine:
@@ -117,7 +124,17 @@ class DirectProgram:
                 isinstance(fn, core.CallableWrapperCombineFn)
                 and fn._fn in (min, max, sum))  # noqa: SLF001 - Beam's own test
             self.combine = _Combine(chain.combine, transform.unique_name, curried, compact,
-                                    1000 * 1000 if tiny else 100 * 1000)
+                                    1000 * 1000 if tiny else 100 * 1000, inline_kind(fn))
+
+
+def inline_kind(fn: Any) -> str:
+    """Which of Beam's CombineFns the table runs inline ("" for none): exactly Beam's classes,
+    never a subclass, which may change what adding an input does."""
+    if type(fn) is combiners.CountCombineFn:
+        return "count"
+    if type(fn) is core.NoSideInputsCallableWrapperCombineFn:  # CombinePerKey(sum) and such
+        return {sum: "sum", min: "min", max: "max"}.get(fn._fn, "")  # noqa: SLF001
+    return ""
 
 
 class DirectRun:
@@ -125,7 +142,7 @@ class DirectRun:
 
     def __init__(self, program: DirectProgram) -> None:
         self.program = program
-        self.table: dict[Any, list[Any]] = {}
+        self.table: dict[Any, Any] = {}  # key -> [accumulator], or an inline int
         self.infos: list[metrics_pb2.MonitoringInfo] = []
         self.counts = [0] * len(program.pcollections)
 
@@ -233,24 +250,25 @@ class DirectRun:
         return [(0, key(wv.value[0]), encode(wv)) for wv in wrapped]
 
     def _combine(self, values: list[Any]) -> list[OutRow]:
+        """Each (key, value) added to its key's accumulator. The table's entries are `[acc]`,
+        or, for an inline CombineFn, a bare int: Count's count, or the sum, min or max of the
+        exact ints the key has had so far. Beam's accumulator of those is `[that int]` (what
+        `CallableWrapperCombineFn.compact` makes of its buffer: integer sums, mins and maxes
+        are exact in any grouping); a key's first other value (a float, a bool, anything)
+        turns its entry into that accumulator, continued by Beam's own `add_input` in order,
+        as Beam's left-to-right `sum` over its buffer would. Measured on 1 M pairs: ~0.15 µs
+        a pair inline, ~0.4 µs through Beam's `add_input`."""
         combine = self.program.combine
         assert combine is not None
-        try:
-            pairs = [(k, v) for k, v in values]
-        except Exception as exc:  # noqa: BLE001 - not a key and a value: Beam's error
-            raise _Fallback() from exc
-        table = self.table
-        add = combine.fn.add_input
-        create = combine.fn.create_accumulator
         rows: list[OutRow] = []
         try:
-            for key, value in pairs:
-                entry = table.get(key)
-                if entry is None:
-                    if len(table) >= combine.max_keys:
-                        rows.extend(self._evict())
-                    entry = table[key] = [create()]
-                entry[0] = add(entry[0], value)
+            if combine.inline == "count":
+                self._count(values, rows)
+            elif combine.inline:
+                self._ints(values, rows, combine.inline)
+            else:
+                for key, value in values:
+                    self._add(key, value, rows)
         except Exception as exc:  # noqa: BLE001 - accumulators may be half-changed
             self.table = {}
             lost = _LostTable(combine.name)
@@ -258,14 +276,68 @@ class DirectRun:
             raise _Fallback() from lost
         return rows
 
+    def _add(self, key: Any, value: Any, rows: list[OutRow]) -> None:
+        """Beam's way: `add_input` on the key's accumulator."""
+        combine = self.program.combine
+        assert combine is not None
+        entry = self.table.get(key)
+        if entry is None:
+            if len(self.table) >= combine.max_keys:
+                rows.extend(self._evict())
+            entry = self.table[key] = [combine.fn.create_accumulator()]
+        elif type(entry) is int:  # an inline int: from here on, Beam's accumulator
+            entry = self.table[key] = [self._accumulator(entry)]
+        entry[0] = combine.fn.add_input(entry[0], value)
+
+    def _count(self, values: list[Any], rows: list[OutRow]) -> None:
+        table = self.table
+        get = table.get
+        max_keys = self.program.combine.max_keys  # type: ignore[union-attr]
+        for key, _ in values:
+            entry = get(key)
+            if entry is None:
+                if len(table) >= max_keys:
+                    rows.extend(self._evict())
+                table[key] = 1
+            else:
+                table[key] = entry + 1
+
+    def _ints(self, values: list[Any], rows: list[OutRow], kind: str) -> None:
+        table = self.table
+        get = table.get
+        max_keys = self.program.combine.max_keys  # type: ignore[union-attr]
+        for key, value in values:
+            if type(value) is int:
+                entry = get(key)
+                if type(entry) is int:
+                    if kind == "sum":
+                        table[key] = entry + value
+                    elif value < entry if kind == "min" else value > entry:
+                        table[key] = value
+                    continue
+                if entry is None:
+                    if len(table) >= max_keys:
+                        rows.extend(self._evict())  # in place
+                    table[key] = value
+                    continue
+            self._add(key, value, rows)
+
+    def _accumulator(self, entry: Any) -> Any:
+        """Beam's accumulator of a table entry."""
+        if type(entry) is not int:
+            return entry[0]
+        combine = self.program.combine
+        assert combine is not None
+        return entry if combine.inline == "count" else [entry]
+
     def _evict(self) -> list[OutRow]:
         """PGBKCVOperation's rule: the oldest keys out until nine tenths are left."""
         target = len(self.table) * 9 // 10
         old = list(itertools.islice(self.table, max(1, len(self.table) - target)))
-        return [self._output(key, self.table.pop(key)[0]) for key in old]
+        return [self._output(key, self._accumulator(self.table.pop(key))) for key in old]
 
     def _flush(self) -> list[OutRow]:
-        rows = [self._output(key, entry[0]) for key, entry in self.table.items()]
+        rows = [self._output(key, self._accumulator(entry)) for key, entry in self.table.items()]
         self.table = {}
         return rows
 
@@ -331,6 +403,32 @@ class _LostTable(Exception):
         self.name = name
 
 
+@functools.cache
+def _wrapper_codes() -> dict[str, Any]:
+    """The code of Beam's Map and Filter wrappers (`lambda x: [fn(x)]`, `lambda x, *args,
+    **kwargs: [x] if fn(x, *args, **kwargs) else []`), from this Beam."""
+    return {kind: make(len).fn.process.__code__
+            for kind, make in (("map", core.Map), ("filter", core.Filter))}
+
+
+def wrapped_fn(process: Any) -> tuple[str, Callable[[Any], Any]] | None:
+    """("map" or "filter", the user's function) when `process` is Beam's own Map or Filter
+    wrapper of a one-argument call (same code, same place in Beam's source; a pickled copy is
+    a new code object), else None. Calling the function itself skips a Python call and a
+    one-element list per element: ~0.5 µs of a word count's ~4 µs a line, in-process."""
+    code = getattr(process, "__code__", None)
+    cells = getattr(process, "__closure__", None)
+    if code is None or not cells or len(cells) != 1:
+        return None
+    for kind, ref in _wrapper_codes().items():
+        if (code.co_code == ref.co_code and code.co_filename == ref.co_filename
+                and code.co_firstlineno == ref.co_firstlineno and code.co_name == ref.co_name
+                and code.co_freevars == ref.co_freevars):
+            fn = cells[0].cell_contents
+            return (kind, fn) if callable(fn) else None
+    return None
+
+
 def _apply(step: _Step, values: list[Any], src: list[int] | None
            ) -> tuple[list[Any], list[int] | None]:
     """One function over a batch's values, each result kept with its element's index in the
@@ -339,6 +437,8 @@ def _apply(step: _Step, values: list[Any], src: list[int] | None
     process = step.process
     args = list(step.args)
     simple = step.args == (None,) and not step.kwargs
+    if simple and step.wrapped is not None:
+        return _apply_wrapped(step.wrapped, values, src)
     if src is None:  # results appended in bulk, their types checked once per batch
         extend = out.extend
         for value in values:
@@ -366,4 +466,21 @@ def _apply(step: _Step, values: list[Any], src: list[int] | None
                 raise _Fallback()
             out.append(result)
             out_src.append(i)
+    return out, out_src
+
+
+def _apply_wrapped(wrapped: tuple[str, Callable[[Any], Any]], values: list[Any],
+                   src: list[int] | None) -> tuple[list[Any], list[int] | None]:
+    """A Map's or Filter's function over a batch's values, as `_apply` with the wrapper."""
+    kind, fn = wrapped
+    out_src = src
+    if kind == "map":
+        out = list(map(fn, values))
+    elif src is None:
+        out = [v for v in values if fn(v)]
+    else:
+        kept = [(i, v) for i, v in zip(src, values, strict=True) if fn(v)]
+        out, out_src = [v for _, v in kept], [i for i, _ in kept]
+    if any(issubclass(t, _SPECIAL) for t in set(map(type, out))):
+        raise _Fallback()
     return out, out_src

@@ -123,7 +123,7 @@ def _direct(stage: Stage, components: bytes) -> DirectProgram | None:
     return DirectProgram(stage, components) if stage.direct is not None else None
 
 
-_PROGRAMS: collections.OrderedDict[tuple[str, str, frozenset[bytes]], StageProgram] = (
+_PROGRAMS: collections.OrderedDict[tuple[str, str, frozenset[bytes], Any], StageProgram] = (
     collections.OrderedDict())
 _LOCK = threading.Lock()
 _MAX_PROGRAMS = 64
@@ -136,7 +136,8 @@ def program_for(stage: Stage, components: bytes, groupings: Mapping[bytes, Group
     digest = hashlib.sha1(stage.descriptor)
     digest.update(components)
     grouped = frozenset(i.buffer_id for i in stage.inputs if i.buffer_id in groupings)
-    key = (stage.label, digest.hexdigest(), grouped)
+    # The direct chain too: a stage with and without one (the tests' two paths) differ.
+    key = (stage.label, digest.hexdigest(), grouped, stage.direct)
     with _LOCK:
         found = _PROGRAMS.get(key)
         if found is not None:

@@ -7,12 +7,16 @@ import os
 import tempfile
 
 import apache_beam as beam
+from apache_beam.internal import pickler
+from apache_beam.transforms import window
+from apache_beam.utils.windowed_value import WindowedValue
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkbeam.engine.arrow import ArrowRows, columns_of
-from sparkbeam.engine.direct import text_lines
+from sparkbeam.engine.context import pipeline_context
+from sparkbeam.engine.direct import text_lines, wrapped_fn
 from sparkbeam.engine.task import TaskSpec, run_stage_task
 from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.native_text import varint
@@ -28,6 +32,7 @@ def _plan(keyed: bool):  # type: ignore[no-untyped-def]
         f.write("a b\n")
     p = beam.Pipeline()
     pairs = (p | beam.io.ReadFromText(path) | "Split" >> beam.FlatMap(str.split)
+             | "NotTwo" >> beam.Filter(lambda w: len(w) != 2)
              | "Pair" >> beam.Map(lambda w: (w, len(w))))
     _ = pairs | (beam.GroupByKey() if keyed else beam.CombinePerKey(sum))
     plan = plan_batch(p.to_runner_api())
@@ -77,3 +82,91 @@ def test_rows_equal_the_bundle_processors(lines: list[str], keyed: bool) -> None
         assert direct == beams
     else:  # one accumulator per key, in a table's order
         assert sorted(direct) == sorted(beams)
+
+
+def _parse_typed(line: str) -> tuple[str, object]:
+    """'key kind digits' as (key, a value of that kind): the inline table's ints and what
+    turns a key's entry over to Beam's add_input."""
+    key, kind, digits = line.split(" ")
+    n = int(digits) - 50
+    value: object = {"i": n, "f": n / 4, "n": float("nan"), "b": n % 2 == 0,
+                     "B": n * 2**70, "z": -0.0}[kind]
+    return key, value
+
+
+_COMBINES = {"sum": lambda: beam.CombinePerKey(sum), "min": lambda: beam.CombinePerKey(min),
+             "max": lambda: beam.CombinePerKey(max), "count": beam.combiners.Count.PerKey,
+             "mean": beam.combiners.Mean.PerKey}
+_TYPED = st.tuples(st.sampled_from("abc"), st.sampled_from("iiiifnbBz"),
+                   st.integers(0, 100)).map(lambda t: f"{t[0]} {t[1]} {t[2]}")
+
+
+@settings(max_examples=40, deadline=None)
+@given(lines=st.lists(_TYPED, max_size=60), combine=st.sampled_from(sorted(_COMBINES)))
+def test_inline_combiners_equal_beams_accumulators(lines: list[str], combine: str) -> None:
+    # The lifted combiner's table keeps Count's counts and the exact-int sums, mins and maxes
+    # itself; the accumulators it emits are byte for byte Beam's, whatever mix of values.
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "in.txt")
+    with open(path, "w") as f:
+        f.write("a i 1\n")
+    p = beam.Pipeline()
+    _ = (p | beam.io.ReadFromText(path) | "Parse" >> beam.Map(_parse_typed)
+         | "Combine" >> _COMBINES[combine]())
+    plan = plan_batch(p.to_runner_api())
+    stage = next(s for s in plan.stages if s.direct is not None)
+    assert stage.direct is not None and stage.direct.combine
+    prefix = next(iter(plan.text_reads.values())).prefix
+    encoded = [prefix + varint(len(s.encode())) + s.encode() for s in lines]
+    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
+                    pickle_library="default", bundle_size=1_000_000, bundle_bytes=64 << 20)
+    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
+
+    def data(s: TaskSpec) -> list:  # type: ignore[type-arg]
+        # Two Arrow batches: a key's entry lives across them.
+        batches = [_batch(encoded[: len(encoded) // 2]), _batch(encoded[len(encoded) // 2:])]
+        return sorted(r for r in run_stage_task(s, ArrowRows(iter(batches)), {}) if r[0] >= 0)
+
+    assert data(spec) == data(general)
+
+
+def test_map_and_filter_wrappers_are_recognised_after_pickling() -> None:
+    def f(x: int) -> int:
+        return x + 1
+
+    found = [wrapped_fn(pickler.loads(pickler.dumps(t.fn)).process)
+             for t in (beam.Map(f), beam.Filter(f), beam.FlatMap(f), beam.Map(len),
+                       beam.Map(lambda x, y=1: x), beam.Map(lambda x, y: x, 2))]
+    assert [w and w[0] for w in found] == ["map", "filter", None, "map", None, None]
+    assert found[0] is not None and found[0][1](1) == 2
+    assert found[1] is not None and found[1][1](1) == 2
+    assert found[3] is not None and found[3][1] is len
+
+
+@settings(max_examples=30, deadline=None)
+@given(elements=st.lists(st.tuples(st.integers(-5, 5), st.integers(0, 10**6)), max_size=40))
+def test_map_and_filter_keep_each_elements_window(elements: list[tuple[int, int]]) -> None:
+    # Elements read from a buffer each carry their own window and timestamp: a Filter keeps
+    # the survivors' own, a Map each input's, byte for byte as the bundle processor does.
+    p = beam.Pipeline()
+    fixed = beam.WindowInto(window.FixedWindows(9))
+    both = [p | f"Create{n}" >> beam.Create([n]) | f"Window{n}" >> fixed for n in (1, 2)]
+    _ = (both | beam.Flatten()  # the stage after a Flatten reads a buffer
+         | "Positive" >> beam.Filter(lambda x: x > 0)
+         | "Double" >> beam.Map(lambda x: x * 2)
+         | "Odd" >> beam.Filter(lambda x: x % 3)
+         | "Pair" >> beam.Map(lambda x: (x % 2, x)) | beam.GroupByKey())
+    plan = plan_batch(p.to_runner_api())
+    stage = next(s for s in plan.stages if s.direct is not None)
+    assert [n for n in stage.transforms if n in ("Positive", "Double", "Odd", "Pair")]
+    impl = pipeline_context(plan.components).coders[stage.inputs[0].coder_id].get_impl()
+    encoded = [impl.encode_nested(WindowedValue(x, ts, [window.IntervalWindow(ts, ts + 9)]))
+               for x, ts in elements]
+    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
+                    pickle_library="default", bundle_size=1_000_000, bundle_bytes=64 << 20)
+    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
+
+    def data(s: TaskSpec) -> list:  # type: ignore[type-arg]
+        return [r for r in run_stage_task(s, ArrowRows(iter([_batch(encoded)])), {}) if r[0] >= 0]
+
+    assert data(spec) == data(general)
