@@ -273,11 +273,13 @@ class WorkerCache:
         self.created = 0  # descriptors parsed and set up in this process
 
     @contextlib.contextmanager
-    def lease(self, descriptor_bytes: bytes, fresh: bool = False) -> Iterator[EmbeddedWorker]:
+    def lease(self, descriptor_bytes: bytes, fresh: bool = False, scope: str = ""
+              ) -> Iterator[EmbeddedWorker]:
         """An idle worker for the descriptor, or a new one; `fresh`: always a new one, torn
         down after use (its DoFns have read side inputs that change, e.g. in streaming: Beam's
-        DoFn runner keeps global-window side input values for its lifetime)."""
-        digest = hashlib.sha1(descriptor_bytes).hexdigest()
+        DoFn runner keeps global-window side input values for its lifetime). `scope`: what
+        the side inputs are good for (a batch job: the next job's differ), part of the key."""
+        digest = hashlib.sha1(descriptor_bytes + scope.encode()).hexdigest()
         worker = None
         if not fresh:
             with self._lock:

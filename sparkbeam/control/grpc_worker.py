@@ -56,9 +56,10 @@ class _Descriptor:
     timer_families: tuple[tuple[str, str], ...]
 
     @classmethod
-    def for_server(cls, descriptor_bytes: bytes, server: FnApiServer) -> _Descriptor:
+    def for_server(cls, descriptor_bytes: bytes, server: FnApiServer, scope: str = ""
+                   ) -> _Descriptor:
         proto = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor_bytes)
-        digest = hashlib.sha256(descriptor_bytes).hexdigest()[:16]
+        digest = _digest(descriptor_bytes, scope)[:16]
         proto.id = f"{proto.id or 'descriptor'}-{digest}"
         ctx = pipeline_context.PipelineContext(proto)
         inputs: list[str] = []
@@ -333,11 +334,14 @@ class GrpcWorkers:
         environment: beam_runner_api_pb2.Environment,
         pipeline_options: dict[str, Any],
         connect_timeout_s: float = 60.0,
+        scope: str = "",
     ) -> Iterator[GrpcWorker]:
-        """A worker for `descriptor_bytes` on the (possibly new) SDK worker of `environment`."""
+        """A worker for `descriptor_bytes` on the (possibly new) SDK worker of `environment`;
+        `scope` as in `embedded.WorkerCache.lease`."""
         slot = self._slot(environment, pipeline_options)
         try:
-            with self._leased(slot, descriptor_bytes, environment, connect_timeout_s) as worker:
+            with self._leased(slot, descriptor_bytes, environment, connect_timeout_s,
+                              scope) as worker:
                 yield worker
         finally:
             self._return(slot)
@@ -349,6 +353,7 @@ class GrpcWorkers:
         descriptor_bytes: bytes,
         environment: beam_runner_api_pb2.Environment,
         connect_timeout_s: float,
+        scope: str = "",
     ) -> Iterator[GrpcWorker]:
         with slot.lock:
             lost = slot.shell is not None and slot.shell.protocol.worker_state.value == "LOST"
@@ -362,11 +367,11 @@ class GrpcWorkers:
                 slot.sdk, slot.shell = sdk, BundleShell(sdk.worker_id)
             sdk, shell = slot.sdk, slot.shell
             assert shell is not None
-            digest = hashlib.sha256(descriptor_bytes).hexdigest()
+            digest = _digest(descriptor_bytes, scope)
             spec = slot.descriptors.get(digest)
             if spec is None:
                 spec = slot.descriptors[digest] = _Descriptor.for_server(
-                    descriptor_bytes, slot.server)
+                    descriptor_bytes, slot.server, scope)
         worker = GrpcWorker(sdk, spec, shell)
         try:
             yield worker
@@ -384,3 +389,9 @@ class GrpcWorkers:
 
 WORKERS = GrpcWorkers()
 atexit.register(WORKERS.shutdown)
+
+
+def _digest(descriptor_bytes: bytes, scope: str) -> str:
+    """The descriptor's registered identity: its content, and the scope its DoFns' side-input
+    views are good for (the SDK caches bundle processors by descriptor id)."""
+    return hashlib.sha256(descriptor_bytes + scope.encode()).hexdigest()

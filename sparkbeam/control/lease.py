@@ -35,15 +35,19 @@ def lease_worker(
     pipeline_options: dict[str, Any] | None = None,
     connect_timeout_s: float = 60.0,
     fresh: bool = False,
+    scope: str = "",
 ) -> AbstractContextManager[Worker]:
     """A worker for the serialized descriptor in the serialized environment. `fresh`: a new
-    embedded worker, torn down after use (its DoFns read side inputs that change)."""
+    embedded worker, torn down after use (its DoFns read side inputs that change). `scope`:
+    the side inputs' extent (a job id); workers are not shared across scopes, because Beam's
+    DoFn runner keeps a global-window side input's view for the bundle processor's life."""
     if not runs_embedded(environment):
         from sparkbeam.control.grpc_worker import WORKERS as GRPC_WORKERS
 
         env = beam_runner_api_pb2.Environment.FromString(environment)
-        return GRPC_WORKERS.lease(descriptor, env, pipeline_options or {}, connect_timeout_s)
-    return WORKERS.lease(descriptor, fresh=fresh)
+        return GRPC_WORKERS.lease(descriptor, env, pipeline_options or {}, connect_timeout_s,
+                                  scope=scope)
+    return WORKERS.lease(descriptor, fresh=fresh, scope=scope)
 
 
 def _embedded_is_a_worker(worker: EmbeddedWorker) -> Worker:

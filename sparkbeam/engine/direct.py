@@ -19,10 +19,10 @@ which must fail too; if it does not, the task fails rather than lose the dropped
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import Columns
 from sparkbeam.engine.program import OutRow
-from sparkbeam.plan.direct_paths import call_of, loaded_dofn
+from sparkbeam.plan.direct_paths import call_of, loaded_dofn, side_inputs_of
 from sparkbeam.plan.model import Stage
 from sparkbeam.plan.native_text import wire_prefix
 
@@ -55,7 +55,7 @@ class _Fallback(Exception):
     """This batch and the rest of the task go to the bundle processor."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Step:
     transform_id: str
     name: str
@@ -66,9 +66,12 @@ class _Step:
     # The user's function inside Beam's own Map or Filter wrapper (`wrapped_fn`), called
     # without the wrapper's one-element list per element.
     wrapped: tuple[str, Callable[[Any], Any]] | None = None
+    # The side inputs whose views fill `args`' and `kwargs`' placeholders, in Beam's order:
+    # (tag, Beam's SideInputData, the windowed coder of their elements).
+    sides: tuple[tuple[str, Any, Any], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Combine:
     transform_id: str
     name: str
@@ -101,15 +104,20 @@ class DirectProgram:
         if self.line_prefix is not None:
             self.line_window = self.in_impl.decode_nested(self.line_prefix + b"\x00")
         steps = []
+        side_coders = {(u.transform_id, u.tag): u.coder_id for u in stage.side_inputs}
         for tid, _ in chain.steps:
             transform = descriptor.transforms[tid]
-            dofn = loaded_dofn(transform)[0]
-            call = call_of(dofn)
+            dofn, args, kwargs = loaded_dofn(transform)[:3]
+            sides = side_inputs_of(
+                beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload))
+            call = call_of(dofn, args, kwargs, len(sides))
             if call is None:  # planning checked this on the same DoFn
                 raise AssertionError(f"{transform.unique_name}: not a direct function")
             at, args, kwargs = call
-            steps.append(_Step(tid, transform.unique_name, dofn.process, at,
-                               tuple(args), kwargs, wrapped_fn(dofn.process)))
+            steps.append(_Step(
+                tid, transform.unique_name, dofn.process, at, tuple(args), kwargs,
+                wrapped_fn(dofn.process),
+                tuple((tag, data, ctx.coders[side_coders[(tid, tag)]]) for tag, data in sides)))
         self.steps = tuple(steps)
         self.combine: _Combine | None = None
         if chain.combine:
@@ -140,8 +148,11 @@ def inline_kind(fn: Any) -> str:
 class DirectRun:
     """One task of a direct stage: batches in, rows and monitoring infos out."""
 
-    def __init__(self, program: DirectProgram) -> None:
+    def __init__(self, program: DirectProgram,
+                 side_inputs: dict[bytes, list[bytes]] | None = None) -> None:
         self.program = program
+        self.steps = tuple(_with_views(step, side_inputs or {}) if step.sides else step
+                           for step in program.steps)
         self.table: dict[Any, Any] = {}  # key -> [accumulator], or an inline int
         self.infos: list[metrics_pb2.MonitoringInfo] = []
         self.counts = [0] * len(program.pcollections)
@@ -200,7 +211,7 @@ class DirectRun:
                 return sampler.scoped_state(NameContext(name, transform_id), "process",
                                             metrics_container=container)
 
-            for step in program.steps:
+            for step in self.steps:
                 with scope(step.transform_id, step.name):
                     values, src = _apply(step, values, src)
                 counts.append(len(values))
@@ -484,3 +495,33 @@ def _apply_wrapped(wrapped: tuple[str, Callable[[Any], Any]], values: list[Any],
     if any(issubclass(t, _SPECIAL) for t in set(map(type, out))):
         raise _Fallback()
     return out, out_src
+
+
+class _SideState:
+    """What Beam's `StateBackedSideInputMap` asks of a state handler, over the stage's
+    side-input state entries (`engine/side_inputs.py`): their elements, decoded."""
+
+    def __init__(self, entries: dict[bytes, list[bytes]]) -> None:
+        self.entries = entries
+
+    def blocking_get(self, state_key: beam_fn_api_pb2.StateKey, coder: Any) -> list[Any]:
+        stream = create_InputStream(b"".join(self.entries.get(state_key.SerializeToString(), ())))
+        out = []
+        while stream.size() > 0:
+            out.append(coder.decode_from_stream(stream, True))
+        return out
+
+
+def _with_views(step: _Step, side_inputs: dict[bytes, list[bytes]]) -> _Step:
+    """`step` with its side inputs' views in its arguments, as Beam's `PerWindowInvoker` puts
+    them there once for every element when each side input is globally windowed: the view
+    Beam's own `StateBackedSideInputMap` makes for the global window."""
+    from apache_beam.internal.util import insert_values_in_args
+    from apache_beam.runners.worker.bundle_processor import StateBackedSideInputMap
+
+    state = _SideState(side_inputs)
+    views = [StateBackedSideInputMap(state, step.transform_id, tag, data, coder)  # type: ignore[arg-type]
+             [GlobalWindows.windowed_value(None).windows[0]]
+             for tag, data, coder in step.sides]
+    args, kwargs = insert_values_in_args(list(step.args), step.kwargs, views)
+    return dataclasses.replace(step, args=tuple(args), kwargs=kwargs)

@@ -77,7 +77,9 @@ def run_stage_task(
         try:
             worker = stack.enter_context(lease_worker(
                 stage.descriptor, stage.environment, spec.pipeline_options,
-                spec.worker_connect_timeout_s, fresh=fresh_worker))
+                spec.worker_connect_timeout_s, fresh=fresh_worker,
+                # The same stage in another job (same descriptor) reads other side inputs.
+                scope=spec.job_id if stage.side_inputs else ""))
         except SdkWorkerError as exc:
             raise RuntimeError(error_payload(stage, exc, kind="worker")) from None
         yield from _run_leased(spec, worker, rows, side_inputs, attempt, key, reporter)
@@ -111,7 +113,7 @@ def _run_leased(
         if stage.kind.keyed:
             bundles = keyed_bundles(rows, spec.bundle_size, spec.bundle_bytes, program.groupers)
         elif program.direct is not None and isinstance(rows, ArrowRows):
-            yield from _run_direct(spec, run, rows)
+            yield from _run_direct(spec, run, rows, side_inputs)
             bundles = iter(())
         elif stage.kind is StageKind.PLAIN and isinstance(rows, ArrowRows):
             bundles = column_bundles(rows.columns(), spec.bundle_size, spec.bundle_bytes,
@@ -140,11 +142,12 @@ def _run_leased(
         yield METRICS_TAG, encoded_key, info.SerializeToString()
 
 
-def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows) -> Iterator[OutRow]:
+def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows,
+                side_inputs: dict[bytes, list[bytes]]) -> Iterator[OutRow]:
     """The stage's functions called directly (`engine/direct.py`); the bundle processor takes
     over from the first batch they cannot run as Beam would."""
     assert run.program.direct is not None
-    direct = DirectRun(run.program.direct)
+    direct = DirectRun(run.program.direct, side_inputs)
 
     def general(columns: Iterator[Columns]) -> Iterator[OutRow]:
         for bundle in column_bundles(columns, spec.bundle_size, spec.bundle_bytes):

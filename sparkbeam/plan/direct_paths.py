@@ -8,12 +8,15 @@ lifted sum of 1 M lines, Beam's per-element path (a windowed value built, receiv
 through its Cython operations) costs ~2.0 µs an element; calling the functions directly ~0.7.
 
 `direct_chain` says whether a stage qualifies and why not. The conditions are what makes Beam's
-`DoFnRunner` choose its `SimpleInvoker` and its `_OutputHandler` wrap each result in the input's
-window: a `CallableWrapperDoFn` (what `Map`, `FlatMap`, `Filter` and their `Tuple` forms build,
-never a user's DoFn subclass nor runtime type checking's wrapper), no extra arguments, no defaults
-in the function's signature (Beam's parameters such as `DoFn.TimestampParam` arrive that way),
-no side inputs, one output. A lifted combiner (`CombinePerKey`'s pre-combine) may end the chain
-under the default windowing, where Beam's `PGBKCVOperation` keeps one accumulator per key.
+`DoFnRunner` call the function with the element alone (its `SimpleInvoker`, or its
+`PerWindowInvoker` with arguments fixed once for every window) and its `_OutputHandler` wrap each
+result in the input's window: a `CallableWrapperDoFn` (what `Map`, `FlatMap`, `Filter` and their
+`Tuple` forms build, never a user's DoFn subclass nor runtime type checking's wrapper), none of
+Beam's parameters such as `DoFn.TimestampParam` in the function's signature, one output, and side
+inputs (if any) in the global window: Beam's invoker then reads each side input once, for the
+global window, and passes the same view to every element (`is_globally_windowed`). A lifted
+combiner (`CombinePerKey`'s pre-combine) may end the chain under the default windowing, where
+Beam's `PGBKCVOperation` keeps one accumulator per key.
 
 What cannot be known before the functions run is checked as they run (`engine/direct.py`): a
 result that is a `TimestampedValue`, `WindowedValue` or `TaggedOutput`, and any exception, hand
@@ -45,8 +48,6 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
         return None, f"a {stage.kind.value} stage"
     if len(stage.inputs) != 1 or len(stage.outputs) != 1:
         return None, "not one input and one output"
-    if stage.side_inputs:
-        return None, "it reads side inputs"
     if stage.environment and beam_runner_api_pb2.Environment.FromString(
             stage.environment).urn in _GRPC_ENVIRONMENTS:
         return None, "its SDK runs in a worker of its own"
@@ -109,6 +110,7 @@ def with_direct_chains(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
         if chain is not None:
             lines.append(f"{stage.description}: functions called directly, without Beam's "
                          "bundle processor (Map/FlatMap/Filter"
+                         + (", global side inputs" if stage.side_inputs else "")
                          + (", lifted combiner)" if chain.combine else ")"))
         else:
             lines.append(f"{stage.description}: Beam's bundle processor ({why})")
@@ -123,28 +125,37 @@ def loaded_dofn(transform: beam_runner_api_pb2.PTransform) -> Any:
     return pickler.loads(payload.do_fn.payload)
 
 
-def call_of(dofn: Any) -> tuple[int, list[Any], dict[str, Any]] | None:
+def call_of(dofn: Any, args: Any = (), kwargs: Any = None, sides: int = 0
+            ) -> tuple[int, list[Any], dict[str, Any]] | None:
     """How Beam's invoker calls this DoFn's process on an element: (the element's position in
-    the positional arguments, those arguments, keyword arguments), worked out by Beam's own
-    `_get_arg_placeholders` as its `PerWindowInvoker` does for a function with defaults; None
-    when it fills in anything but the element (a window, timestamp, key, pane...)."""
+    the positional arguments, those arguments, keyword arguments; Beam's `ArgumentPlaceholder`s
+    where the `sides` side inputs' views go), worked out by Beam's own `_get_arg_placeholders`
+    as its `PerWindowInvoker` does; None when it fills in anything but the element (a window,
+    timestamp, key, pane...) or the side inputs do not fill the placeholders."""
+    from apache_beam.internal.util import ArgumentPlaceholder
     from apache_beam.runners import common
     from apache_beam.transforms import core
 
+    args, kwargs = list(args or ()), dict(kwargs or {})
     signature = common.DoFnSignature(dofn)
-    if not signature.process_method.defaults:  # Beam's SimpleInvoker: process(element)
-        return 0, [None], {}
-    placeholders, args, kwargs = common._get_arg_placeholders(  # noqa: SLF001 - Beam's rule
-        signature.process_method, [], {})
+    if not signature.process_method.defaults and not args and not kwargs and not sides:
+        return 0, [None], {}  # Beam's SimpleInvoker: process(element)
+    placeholders, full, named = common._get_arg_placeholders(  # noqa: SLF001 - Beam's rule
+        signature.process_method, args, kwargs)
+    filled = [a for a in [*full, *named.values()] if isinstance(a, ArgumentPlaceholder)]
     if (len(placeholders) != 1 or placeholders[0][1] != core.DoFn.ElementParam
-            or any(isinstance(a, core._DoFnParam) for a in args)  # noqa: SLF001
-            or any(isinstance(v, core._DoFnParam) for v in kwargs.values())):  # noqa: SLF001
+            or len(filled) != sides
+            or any(isinstance(a, core._DoFnParam) for a in full)  # noqa: SLF001
+            or any(isinstance(v, core._DoFnParam) for v in named.values())):  # noqa: SLF001
         return None
-    return placeholders[0][0], list(args), dict(kwargs)
+    at = placeholders[0][0]
+    full[at] = None
+    return at, list(full), dict(named)
 
 
 def _par_do_problem(transform: beam_runner_api_pb2.PTransform) -> str:
-    """Why this transform is not a ParDo Beam would run with its SimpleInvoker ("" if it is)."""
+    """Why Beam would not call this transform's function with the element alone ("" if it
+    would)."""
     from apache_beam.transforms.core import CallableWrapperDoFn
 
     if transform.spec.urn != common_urns.primitives.PAR_DO.urn:
@@ -152,21 +163,43 @@ def _par_do_problem(transform: beam_runner_api_pb2.PTransform) -> str:
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
     if payload.do_fn.urn != _PICKLED_DOFN:
         return f"is a DoFn of {payload.do_fn.urn}"
-    if (payload.side_inputs or payload.state_specs or payload.timer_family_specs
+    if (payload.state_specs or payload.timer_family_specs
             or payload.restriction_coder_id or payload.requests_finalization
             or payload.requires_stable_input or payload.requires_time_sorted_input):
-        return "uses side inputs, state, timers, splitting or finalization"
+        return "uses state, timers, splitting or finalization"
     try:
         dofn, args, kwargs = loaded_dofn(transform)[:3]
+        sides = side_inputs_of(payload)
     except Exception as exc:  # noqa: BLE001 - any failure to load keeps the general path
         return f"has a DoFn that cannot be loaded here ({type(exc).__name__})"
     if type(dofn) is not CallableWrapperDoFn:
         return f"runs {type(dofn).__name__}, not a Map/FlatMap/Filter function"
-    if args or kwargs:
-        return "passes extra arguments to its function"
-    if call_of(dofn) is None:
+    for tag, data in sides:
+        if data.access_pattern not in (urns.SIDE_ITERABLE, urns.SIDE_MULTIMAP):
+            return f"reads side input {tag} by {data.access_pattern}"
+        if not _globally_windowed(data):
+            return f"reads side input {tag} per window"
+    if call_of(dofn, args, kwargs, len(sides)) is None:
         return "has a function taking Beam's DoFn parameters (window, timestamp...)"
     return ""
+
+
+def side_inputs_of(payload: beam_runner_api_pb2.ParDoPayload) -> list[tuple[str, Any]]:
+    """The ParDo's (tag, Beam's `SideInputData`) in the order Beam passes their views."""
+    from apache_beam import pvalue
+    from apache_beam.transforms import sideinputs
+
+    unused_context: Any = None  # Beam's SideInputData ignores its context
+    found = [(tag, pvalue.SideInputData.from_runner_api(si, unused_context))
+             for tag, si in payload.side_inputs.items()]
+    return sorted(found, key=lambda t: sideinputs.get_sideinput_index(t[0]))
+
+
+def _globally_windowed(data: Any) -> bool:
+    """Beam's `StateBackedSideInputMap.is_globally_windowed`."""
+    from apache_beam.transforms import sideinputs
+
+    return bool(data.window_mapping_fn == sideinputs._global_window_mapping_fn)  # noqa: SLF001
 
 
 def _default_windowing(descriptor: beam_fn_api_pb2.ProcessBundleDescriptor, pcoll: str) -> bool:

@@ -175,3 +175,62 @@ def test_user_metrics_count_once_even_when_a_batch_hands_over() -> None:
 def test_spark_native_off_keeps_the_bundle_processor() -> None:
     build = _counted(_write(["a bb ccc"]), combine=True)
     assert not any(DIRECT in d for d in _decisions(build, ["--spark_native=off"]))
+
+
+def _joined(pattern: str, table: str, windowed: bool):  # type: ignore[no-untyped-def]
+    def build(p):  # type: ignore[no-untyped-def]
+        rows = (p | "ReadTable" >> beam.io.ReadFromText(table)
+                | "ParseTable" >> beam.Map(lambda s: (s.split()[0], len(s))))
+        words = p | beam.io.ReadFromText(pattern) | "Split" >> beam.FlatMap(str.split)
+        if windowed:  # each word's and each table row's window: a view per window
+            rows = rows | "WT" >> beam.WindowInto(window.FixedWindows(10))
+            extra = p | "Extra" >> beam.Create(["zz"])
+            # The Flatten's buffer: the Lookup's stage starts after it.
+            words = ((words | "WW" >> beam.WindowInto(window.FixedWindows(10)),
+                      extra | "WE" >> beam.WindowInto(window.FixedWindows(10)))
+                     | "Both" >> beam.Flatten())
+        return (words
+                | "Lookup" >> beam.Map(lambda w, d, n: (w, d.get(w, n)), beam.pvalue.AsDict(rows),
+                                       n=beam.pvalue.AsSingleton(
+                                           rows | beam.combiners.Count.Globally()
+                                           .without_defaults() if windowed
+                                           else rows | beam.combiners.Count.Globally()))
+                | "Sum" >> beam.CombinePerKey(sum))
+    return build
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lines=_LINES, table=st.lists(st.tuples(_WORD.filter(lambda w: w.strip() == w and w),
+                                              st.integers(0, 5)), max_size=8))
+def test_global_side_inputs_run_directly_and_equal_fnapi(
+        shape: str, lines: list[str], table: list[tuple[str, int]]) -> None:
+    # The side-input join of the bench: an AsDict and an AsSingleton in the global window.
+    build = _joined(_write(lines), _write([f"{w} {'x' * n}" for w, n in table]),
+                    windowed=False)
+    decisions = _decisions(build)
+    assert "Split, Lookup, Sum/Precombine: " + DIRECT + ", without Beam's bundle processor " \
+        "(Map/FlatMap/Filter, global side inputs, lifted combiner)" in decisions, decisions
+    assert run_and_collect(build, SparkRunner(), SHAPES[shape]) == run_and_collect(
+        build, FnApiRunner())
+
+
+def test_windowed_side_inputs_keep_the_bundle_processor() -> None:
+    build = _joined(_write(["a b", "b c"]), _write(["a x", "c xx"]), windowed=True)
+    assert any(d.startswith("Lookup, Sum/Precombine: Beam's bundle processor ('Lookup' reads "
+                            "side input") and d.endswith("per window)")
+               for d in _decisions(build)), _decisions(build)
+    assert run_and_collect(build, SparkRunner()) == run_and_collect(build, FnApiRunner())
+
+
+@pytest.mark.parametrize("args", [[], ["--spark_native=off"]], ids=["direct", "beam"])
+def test_a_second_job_of_the_same_shape_reads_its_own_side_inputs(args: list[str]) -> None:
+    # Beam's DoFn runner keeps a global-window side input's view for its bundle processor's
+    # life, and the same stage in two jobs has the same descriptor: a cached bundle processor
+    # of the first job gave the second one the first job's view (the count 1, not 2).
+    words = _write(["a b"])
+    for table in (["a x"], ["a x", "zz xx"]):
+        build = _joined(words, _write(table), windowed=False)
+        assert run_and_collect(build, SparkRunner(), args) == run_and_collect(
+            build, FnApiRunner())
