@@ -36,9 +36,11 @@ class TestSparkJobServerOnPortableSuite(beam_suite.PortableRunnerTest):
 
 
 mark_known_gaps(TestSparkJobServerOnPortableSuite, KNOWN_GAPS)
-# Each runs a PeriodicImpulse for 14 s of wall clock; the FnApi suite runs the same tests in
+# Each runs a PeriodicImpulse for 14 s of wall clock, or a stream of many micro-batches
+# (unbounded read 50 s, sliding windows 30 s here); the FnApi suite runs the same tests in
 # `make test`, these copies run in `make test-slow`.
 for _name in ("test_pardo_et_timer_with_no_firing", "test_pardo_et_timer_with_no_reset",
-              "test_pardo_et_timer_with_no_reset_and_no_clear"):
+              "test_pardo_et_timer_with_no_reset_and_no_clear", "test_unbounded_source_read",
+              "test_sliding_windows"):
     setattr(TestSparkJobServerOnPortableSuite, _name,
             pytest.mark.slow(getattr(TestSparkJobServerOnPortableSuite, _name)))

@@ -200,7 +200,7 @@ def _joined(pattern: str, table: str, windowed: bool):  # type: ignore[no-untype
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@settings(max_examples=4, deadline=None, derandomize=True,
+@settings(max_examples=3, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(lines=_LINES, table=st.lists(st.tuples(_WORD.filter(lambda w: w.strip() == w and w),
                                               st.integers(0, 5)), max_size=8))
