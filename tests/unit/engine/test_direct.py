@@ -47,6 +47,19 @@ def _batch(values: list[bytes]) -> pa.RecordBatch:
          pa.array(values, pa.binary())], names=["input", "key", "value"])
 
 
+def _both_paths(plan, stage, batches: list[pa.RecordBatch],  # type: ignore[no-untyped-def]
+                side: dict[bytes, list[bytes]] | None = None) -> tuple[list, list]:  # type: ignore[type-arg]
+    """The stage's data rows run directly, and run by Beam's bundle processor."""
+    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
+                    pickle_library="default", bundle_size=1_000_000, bundle_bytes=64 << 20)
+    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
+
+    def data(s: TaskSpec) -> list:  # type: ignore[type-arg]
+        return [r for r in run_stage_task(s, ArrowRows(iter(batches)), side or {}) if r[0] >= 0]
+
+    return data(spec), data(general)
+
+
 @settings(max_examples=60, deadline=None)
 @given(lines=st.lists(_LINE, min_size=1, max_size=30))
 def test_text_lines_are_beams_decoding(lines: list[str]) -> None:
@@ -71,14 +84,7 @@ def test_text_lines_refuse_what_is_not_a_line() -> None:
 def test_rows_equal_the_bundle_processors(lines: list[str], keyed: bool) -> None:
     plan, stage, prefix = _plan(keyed)
     encoded = [prefix + varint(len(s.encode())) + s.encode() for s in lines]
-    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
-                    pickle_library="default", bundle_size=1_000_000, bundle_bytes=64 << 20)
-    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
-
-    def data(s: TaskSpec) -> list:  # type: ignore[type-arg]
-        return [r for r in run_stage_task(s, ArrowRows(iter([_batch(encoded)])), {}) if r[0] >= 0]
-
-    direct, beams = data(spec), data(general)
+    direct, beams = _both_paths(plan, stage, [_batch(encoded)])
     if keyed:  # (key, value) per word, in order
         assert direct == beams
     else:  # one accumulator per key, in a table's order
@@ -119,16 +125,10 @@ def test_inline_combiners_equal_beams_accumulators(lines: list[str], combine: st
     assert stage.direct is not None and stage.direct.combine
     prefix = next(iter(plan.text_reads.values())).prefix
     encoded = [prefix + varint(len(s.encode())) + s.encode() for s in lines]
-    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
-                    pickle_library="default", bundle_size=1_000_000, bundle_bytes=64 << 20)
-    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
-
-    def data(s: TaskSpec) -> list:  # type: ignore[type-arg]
-        # Two Arrow batches: a key's entry lives across them.
-        batches = [_batch(encoded[: len(encoded) // 2]), _batch(encoded[len(encoded) // 2:])]
-        return sorted(r for r in run_stage_task(s, ArrowRows(iter(batches)), {}) if r[0] >= 0)
-
-    assert data(spec) == data(general)
+    # Two Arrow batches: a key's entry lives across them.
+    direct, beams = _both_paths(plan, stage, [_batch(encoded[: len(encoded) // 2]),
+                                              _batch(encoded[len(encoded) // 2:])])
+    assert sorted(direct) == sorted(beams)
 
 
 def test_map_and_filter_wrappers_are_recognised_after_pickling() -> None:
@@ -163,14 +163,8 @@ def test_map_and_filter_keep_each_elements_window(elements: list[tuple[int, int]
     impl = pipeline_context(plan.components).coders[stage.inputs[0].coder_id].get_impl()
     encoded = [impl.encode_nested(WindowedValue(x, ts, [window.IntervalWindow(ts, ts + 9)]))
                for x, ts in elements]
-    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
-                    pickle_library="default", bundle_size=1_000_000, bundle_bytes=64 << 20)
-    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
-
-    def data(s: TaskSpec) -> list:  # type: ignore[type-arg]
-        return [r for r in run_stage_task(s, ArrowRows(iter([_batch(encoded)])), {}) if r[0] >= 0]
-
-    assert data(spec) == data(general)
+    direct, beams = _both_paths(plan, stage, [_batch(encoded)])
+    assert direct == beams
 
 
 _VIEWS = {
@@ -213,12 +207,5 @@ def test_side_inputs_in_the_global_window_equal_the_bundle_processors(
         impl.encode_nested(window.GlobalWindows.windowed_value(kv)) for kv in side]}, ctx)
     prefix = next(iter(plan.text_reads.values())).prefix
     encoded = [prefix + varint(len(w.encode())) + w.encode() for w in words]
-    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
-                    pickle_library="default", bundle_size=1_000_000, bundle_bytes=64 << 20)
-    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
-
-    def data(s: TaskSpec) -> list:  # type: ignore[type-arg]
-        return [r for r in run_stage_task(s, ArrowRows(iter([_batch(encoded)])), state)
-                if r[0] >= 0]
-
-    assert data(spec) == data(general)
+    direct, beams = _both_paths(plan, stage, [_batch(encoded)], state)
+    assert direct == beams
