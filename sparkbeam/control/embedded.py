@@ -6,7 +6,8 @@ boundaries) and the state plane is `TaskStateHandler` (side inputs shipped with 
 state kept per task and dropped once a key is finished).
 
 Bundle processors are cached per descriptor in the worker process (Spark reuses Python workers),
-so a descriptor is parsed and its DoFns are set up once per process, not once per bundle.
+so a descriptor is parsed and its DoFns are set up once per process, not once per bundle; per
+descriptor and job for a stage that reads side inputs, whose views Beam's DoFn runner keeps.
 """
 from __future__ import annotations
 
