@@ -133,9 +133,16 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             raise ExecutionError(f"{stage.display}: no streaming operator for a "
                                  f"{stage.kind.value} stage (Prepare should have refused it)")
         out = _OPERATORS[row](_union(inputs), task, stage, splan, settings)
+        shared = _readers(stage, splan) > 1
+        if shared:
+            # Read by several consumers: each would compute the stage again in every micro-batch
+            # (its user code too). An exchange that Spark reuses makes it one computation: the
+            # consumers read the same shuffle (`spark.sql.exchange.reuse`). Hashed by the
+            # element: round robin would sort each task's rows first, to be deterministic.
+            out = out.repartition(settings.partitions or 2, "value")
         for output in stage.outputs:
             tag = splan.tag(output.buffer_id)
-            producers.setdefault(tag, []).append(out.where(F.col("tag") == tag))
+            producers.setdefault(tag, []).append(out.where(_tag_is(tag, above=shared)))
         if not any(o.buffer_id in consumed for o in stage.outputs):
             leaves.append(out)
     for n, write in enumerate(plan.kafka_writes):
@@ -159,6 +166,30 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     if not leaves:
         return source
     return _union(leaves)
+
+
+def _tag_is(tag: int, above: bool) -> Any:
+    """The condition that selects one output's rows. `above` a shared exchange it is one
+    nondeterministic expression (the partition id, always >= 0, guards it): Catalyst pushes a
+    deterministic filter, or each deterministic conjunct of one, below the exchange into each
+    consumer's copy, which then no longer match and are not reused."""
+    condition = F.col("tag") == tag
+    if not above:
+        return condition
+    return F.when(F.spark_partition_id() >= 0, condition).otherwise(F.lit(False))
+
+
+def _readers(stage: Stage, splan: StreamingPlan) -> int:
+    """How many parts of the query read `stage`'s outputs: stage inputs, side-input writers,
+    Kafka and Spark writes (as `build_query_frame` unions them)."""
+    plan = splan.plan
+    buffers = [i.buffer_id for s in splan.stages for i in s.inputs]
+    buffers += [w.buffer_id for w in plan.kafka_writes + plan.spark_writes]
+    count = 0
+    for output in stage.outputs:
+        count += buffers.count(output.buffer_id)
+        count += splan.tag(output.buffer_id) in splan.side_tags
+    return count
 
 
 def _stateless(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,

@@ -153,6 +153,36 @@ def test_counters_of_a_streaming_job_are_committed_once(tmp_path) -> None:
     assert (committed(result, "seen"), committed(result, "stateful")) == (4, 4)
 
 
+def test_a_stage_read_by_several_consumers_runs_once_per_micro_batch(tmp_path) -> None:
+    # Three consumers (a Map fused beside it, a GroupByKey, a stateful DoFn) and a side input
+    # read the counted stage's outputs; its function runs once per element, not once per
+    # consumer (each call leaves a line in its process's file).
+    calls = tmp_path / "calls"
+    calls.mkdir()
+
+    def count(kv):
+        with open(calls / str(os.getpid()), "a") as f:
+            f.write(f"{kv}\n")
+        return kv
+
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    counted = (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
+                          ("add", [("a", 3, 7), ("c", 4, 8)]), ("wm", 20))
+               | "Count" >> beam.Map(count))
+    _ = counted | "First" >> beam.Map(lambda kv: kv)
+    _ = counted | beam.WindowInto(window.FixedWindows(10)) | beam.GroupByKey()
+    _ = counted | "Stateful" >> beam.ParDo(_CountInState())
+    _ = (p | "Main" >> events(("add", [("m", 0, 1)]), ("wm", 20))
+         | "Read" >> beam.Map(lambda kv, side: (kv, len(side)), beam.pvalue.AsList(counted)))
+    result = p.run()
+    result.wait_until_finish()
+    lines = [line for f in calls.iterdir() for line in f.read_text().splitlines()]
+    assert sorted(lines) == sorted(str(kv) for kv in [("a", 1), ("b", 2), ("a", 3), ("c", 4)])
+    assert committed(result, "stateful") == 4
+
+
 def test_work_budget_bounds_every_micro_batch_and_reports_throttle_time(tmp_path) -> None:
     """The issue's budget case on Spark: 4 TestStreams (the source's endpoints) of 600 elements
     each under --max_items_per_batch=1000: no micro-batch reads more than 1,000, the panes are
