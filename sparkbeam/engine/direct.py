@@ -35,7 +35,7 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners.common import NameContext
 from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import combiners, core
-from apache_beam.transforms.window import GlobalWindows, TimestampedValue
+from apache_beam.transforms.window import GlobalWindow, GlobalWindows, TimestampedValue
 from apache_beam.utils.counters import CounterFactory
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -521,7 +521,7 @@ def _with_views(step: _Step, side_inputs: dict[bytes, list[bytes]]) -> _Step:
 
     state = _SideState(side_inputs)
     views = [StateBackedSideInputMap(state, step.transform_id, tag, data, coder)  # type: ignore[arg-type]
-             [GlobalWindows.windowed_value(None).windows[0]]
+             [GlobalWindow()]
              for tag, data, coder in step.sides]
     args, kwargs = insert_values_in_args(list(step.args), step.kwargs, views)
     return dataclasses.replace(step, args=tuple(args), kwargs=kwargs)

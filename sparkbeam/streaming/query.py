@@ -10,6 +10,7 @@ stage holds work back, and the batches after that have run; or when cancelled.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -101,6 +102,7 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
     consumed = {i.buffer_id for s in splan.stages for i in s.inputs}
     consumed |= {u.buffer_id for s in splan.stages for u in s.side_inputs}
     consumed |= {w.buffer_id for w in plan.kafka_writes + plan.spark_writes}
+    readers = _readers(splan)
     # The sparkbeam source plans every batch (the runner's time) even when no root reads it.
     leaves = [] if root_tags else [source.where(F.col("tag") == -1)]
     for stage in splan.stages:
@@ -133,7 +135,7 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
             raise ExecutionError(f"{stage.display}: no streaming operator for a "
                                  f"{stage.kind.value} stage (Prepare should have refused it)")
         out = _OPERATORS[row](_union(inputs), task, stage, splan, settings)
-        shared = _readers(stage, splan) > 1
+        shared = sum(readers[o.buffer_id] for o in stage.outputs) > 1
         if shared:
             # Read by several consumers: each would compute the stage again in every micro-batch
             # (its user code too). An exchange that Spark reuses makes it one computation: the
@@ -179,17 +181,16 @@ def _tag_is(tag: int, above: bool) -> Any:
     return F.when(F.spark_partition_id() >= 0, condition).otherwise(F.lit(False))
 
 
-def _readers(stage: Stage, splan: StreamingPlan) -> int:
-    """How many parts of the query read `stage`'s outputs: stage inputs, side-input writers,
+def _readers(splan: StreamingPlan) -> collections.Counter[bytes]:
+    """How many parts of the query read each buffer: stage inputs, its side-input writer,
     Kafka and Spark writes (as `build_query_frame` unions them)."""
     plan = splan.plan
-    buffers = [i.buffer_id for s in splan.stages for i in s.inputs]
-    buffers += [w.buffer_id for w in plan.kafka_writes + plan.spark_writes]
-    count = 0
-    for output in stage.outputs:
-        count += buffers.count(output.buffer_id)
-        count += splan.tag(output.buffer_id) in splan.side_tags
-    return count
+    readers = collections.Counter(i.buffer_id for s in splan.stages for i in s.inputs)
+    readers.update(w.buffer_id for w in plan.kafka_writes + plan.spark_writes)
+    side_tags = splan.side_tags
+    readers.update({o.buffer_id for s in splan.stages for o in s.outputs
+                    if splan.tag(o.buffer_id) in side_tags})
+    return readers
 
 
 def _stateless(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,

@@ -132,31 +132,36 @@ class _CountInState(beam.DoFn):
         yield kv
 
 
-def test_counters_of_a_streaming_job_are_committed_once(tmp_path) -> None:
-    def count(kv):
-        Metrics.counter("stream", "seen").inc()
-        return kv
-
+def _read_three_ways(tmp_path, count):
+    """A streaming pipeline whose `count` stage is read by three consumers: a Map fused beside
+    it, a windowed GroupByKey and a stateful DoFn (run per key, one report per task, counting
+    "stateful"). Returns the pipeline and the counted PCollection."""
     options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
                                "--parallelism=2"])
     p = beam.Pipeline(runner=SparkRunner(), options=options)
-    # Two consumers of the counted stage: Spark computes it once per consumer per batch.
     counted = (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
                           ("add", [("a", 3, 7), ("c", 4, 8)]), ("wm", 20))
                | "Count" >> beam.Map(count))
     _ = counted | "First" >> beam.Map(lambda kv: kv)
     _ = counted | beam.WindowInto(window.FixedWindows(10)) | beam.GroupByKey()
-    # A stateful stage (run per key, one report per task) reports its counters too.
     _ = counted | "Stateful" >> beam.ParDo(_CountInState())
+    return p, counted
+
+
+def test_counters_of_a_streaming_job_are_committed_once(tmp_path) -> None:
+    def count(kv):
+        Metrics.counter("stream", "seen").inc()
+        return kv
+
+    p, _ = _read_three_ways(tmp_path, count)
     result = p.run()
     result.wait_until_finish()
     assert (committed(result, "seen"), committed(result, "stateful")) == (4, 4)
 
 
 def test_a_stage_read_by_several_consumers_runs_once_per_micro_batch(tmp_path) -> None:
-    # Three consumers (a Map fused beside it, a GroupByKey, a stateful DoFn) and a side input
-    # read the counted stage's outputs; its function runs once per element, not once per
-    # consumer (each call leaves a line in its process's file).
+    # Three consumers and a side input read the counted stage's outputs; its function runs
+    # once per element, not once per consumer (each call leaves a line in its process's file).
     calls = tmp_path / "calls"
     calls.mkdir()
 
@@ -165,15 +170,7 @@ def test_a_stage_read_by_several_consumers_runs_once_per_micro_batch(tmp_path) -
             f.write(f"{kv}\n")
         return kv
 
-    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
-                               "--parallelism=2"])
-    p = beam.Pipeline(runner=SparkRunner(), options=options)
-    counted = (p | events(("add", [("a", 1, 1), ("b", 2, 2)]), ("wm", 5),
-                          ("add", [("a", 3, 7), ("c", 4, 8)]), ("wm", 20))
-               | "Count" >> beam.Map(count))
-    _ = counted | "First" >> beam.Map(lambda kv: kv)
-    _ = counted | beam.WindowInto(window.FixedWindows(10)) | beam.GroupByKey()
-    _ = counted | "Stateful" >> beam.ParDo(_CountInState())
+    p, counted = _read_three_ways(tmp_path, count)
     _ = (p | "Main" >> events(("add", [("m", 0, 1)]), ("wm", 20))
          | "Read" >> beam.Map(lambda kv, side: (kv, len(side)), beam.pvalue.AsList(counted)))
     result = p.run()
