@@ -9,9 +9,9 @@ accumulator per key, the oldest tenth flushed past `max_keys`, `compact` on outp
 
 Anything Beam would treat otherwise hands the batch and the rest of the task to the bundle
 processor (`fallback`), after flushing the table (partial accumulators are what a pre-combine
-emits anyway): a result that is a `TimestampedValue`, `WindowedValue` or `TaggedOutput`, an
-element the combiner cannot split into key and value, and any exception, which the bundle
-processor then raises with Beam's own message. A batch is all or nothing: its outputs and
+emits anyway): a result that is a `WindowedValue` or `TaggedOutput`, an element in several
+windows reaching a WindowInto, an element the combiner cannot split into key and value, and
+any exception, which the bundle processor then raises with Beam's own message. A batch is all or nothing: its outputs and
 metrics count only once all of it has gone through, so nothing is counted twice. The one thing
 that cannot be undone is a combiner's `add_input` failing half-way through a batch (it may have
 changed accumulators in place): the table is dropped and the rest goes to the bundle processor,
@@ -20,55 +20,48 @@ which must fail too; if it does not, the task fails rather than lose the dropped
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from apache_beam.coders import coders
 from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.execution import MetricsContainer
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, metrics_pb2
-from apache_beam.pvalue import TaggedOutput
 from apache_beam.runners.common import NameContext
 from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import combiners, core
-from apache_beam.transforms.window import GlobalWindow, GlobalWindows, TimestampedValue
+from apache_beam.transforms.window import (
+    GlobalWindows,
+)
 from apache_beam.utils.counters import CounterFactory
 from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import Columns
+from sparkbeam.engine.direct_steps import (
+    Fallback,
+    Step,
+    apply_step,
+    no_process,
+    with_views,
+    wrapped_fn,
+)
 from sparkbeam.engine.program import OutRow
-from sparkbeam.plan.direct_paths import call_of, loaded_dofn, side_inputs_of
+from sparkbeam.plan.direct_paths import (
+    ASSIGN_WINDOWS,
+    call_of,
+    loaded_dofn,
+    side_inputs_of,
+    window_into_fn,
+)
 from sparkbeam.plan.model import Stage
 from sparkbeam.plan.native_text import wire_prefix
 
-# Results Beam's output handler treats otherwise than wrapping them in the input's window.
-_SPECIAL = (TimestampedValue, WindowedValue, TaggedOutput)
 _GLOBAL = GlobalWindows.windowed_value(None)  # what PGBKCVOperation outputs in
-
-
-class _Fallback(Exception):
-    """This batch and the rest of the task go to the bundle processor."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    transform_id: str
-    name: str
-    process: Callable[..., Iterable[Any] | None]
-    element_at: int  # where the element goes in `args`
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    # The user's function inside Beam's own Map or Filter wrapper (`wrapped_fn`), called
-    # without the wrapper's one-element list per element.
-    wrapped: tuple[str, Callable[[Any], Any]] | None = None
-    # The side inputs whose views fill `args`' and `kwargs`' placeholders, in Beam's order:
-    # (tag, Beam's SideInputData, the windowed coder of their elements).
-    sides: tuple[tuple[str, Any, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +90,18 @@ class DirectProgram:
         out = stage.outputs[0]
         self.out_impl = ctx.coders[out.coder_id].get_impl()
         self.key_impl = ctx.coders[out.key_coder_id].get_impl() if out.key_coder_id else None
+        # The output's value coder, and its key and value coders when it is a KV whose key
+        # coder is the key column's: elements sharing a window, timestamp and pane are their
+        # header's bytes and the value's (`_encode`).
+        out_coder = ctx.coders[out.coder_id]
+        self.value_impl = (out_coder.wrapped_value_coder.get_impl()
+                           if isinstance(out_coder, coders.WindowedValueCoder) else None)
+        self.kv_impls: tuple[Any, Any] | None = None
+        if (self.value_impl is not None and out.key_coder_id
+                and isinstance(out_coder.wrapped_value_coder, coders.TupleCoder)
+                and len(out_coder.wrapped_value_coder.coders()) == 2
+                and out_coder.wrapped_value_coder.coders()[0] == ctx.coders[out.key_coder_id]):
+            self.kv_impls = tuple(c.get_impl() for c in out_coder.wrapped_value_coder.coders())
         # A text read's lines (Spark's text source) share one window, timestamp and pane:
         # their values are cut out of the batch's buffer at once (`text_lines`).
         self.line_prefix = wire_prefix(self.in_impl)
@@ -105,19 +110,27 @@ class DirectProgram:
             self.line_window = self.in_impl.decode_nested(self.line_prefix + b"\x00")
         steps = []
         side_coders = {(u.transform_id, u.tag): u.coder_id for u in stage.side_inputs}
-        for tid, _ in chain.steps:
+        for n, (tid, _) in enumerate(chain.steps):
             transform = descriptor.transforms[tid]
-            dofn, args, kwargs = loaded_dofn(transform)[:3]
+            if transform.spec.urn == ASSIGN_WINDOWS:
+                steps.append(Step(tid, transform.unique_name, no_process, 0, (), {},
+                                   window_into=window_into_fn(transform, ctx)))
+                continue
+            dofn, args, kwargs, _, windowing = loaded_dofn(transform)[:5]
+            if windowing is None:  # as Beam's bundle processor: the input's windowing
+                windowing = ctx.windowing_strategies.get_by_id(descriptor.pcollections[
+                    chain.pcollections[n]].windowing_strategy_id)
             sides = side_inputs_of(
                 beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload))
             call = call_of(dofn, args, kwargs, len(sides))
             if call is None:  # planning checked this on the same DoFn
                 raise AssertionError(f"{transform.unique_name}: not a direct function")
             at, args, kwargs = call
-            steps.append(_Step(
+            steps.append(Step(
                 tid, transform.unique_name, dofn.process, at, tuple(args), kwargs,
                 wrapped_fn(dofn.process),
-                tuple((tag, data, ctx.coders[side_coders[(tid, tag)]]) for tag, data in sides)))
+                tuple((tag, data, ctx.coders[side_coders[(tid, tag)]]) for tag, data in sides),
+                windowing.windowfn))
         self.steps = tuple(steps)
         self.combine: _Combine | None = None
         if chain.combine:
@@ -151,7 +164,7 @@ class DirectRun:
     def __init__(self, program: DirectProgram,
                  side_inputs: dict[bytes, list[bytes]] | None = None) -> None:
         self.program = program
-        self.steps = tuple(_with_views(step, side_inputs or {}) if step.sides else step
+        self.steps = tuple(with_views(step, side_inputs or {}) if step.sides else step
                            for step in program.steps)
         self.table: dict[Any, Any] = {}  # key -> [accumulator], or an inline int
         self.infos: list[metrics_pb2.MonitoringInfo] = []
@@ -168,7 +181,7 @@ class DirectRun:
             for col in columns:
                 try:
                     rows = self._batch(col)
-                except _Fallback as exc:
+                except Fallback as exc:
                     yield from self._flush()
                     yield from self._fall_back(col, columns, fallback, exc.__cause__)
                     return
@@ -197,7 +210,7 @@ class DirectRun:
         try:
             values, wvs, src = self._decode(col)
         except Exception as exc:  # noqa: BLE001 - the bundle processor raises Beam's error
-            raise _Fallback() from exc
+            raise Fallback() from exc
         counts = [len(values)]
         sampler = statesampler.StateSampler("direct", CounterFactory())
         previous = statesampler.get_current_tracker()
@@ -213,7 +226,7 @@ class DirectRun:
 
             for step in self.steps:
                 with scope(step.transform_id, step.name):
-                    values, src = _apply(step, values, src)
+                    values, src = apply_step(step, values, src, wvs)
                 counts.append(len(values))
             if program.combine is not None:
                 with scope(program.combine.transform_id, program.combine.name):
@@ -221,10 +234,10 @@ class DirectRun:
                 counts.append(0)  # counted when the table is flushed
             else:
                 rows = self._encode(values, src, wvs)
-        except _Fallback:
+        except Fallback:
             raise
         except Exception as exc:  # noqa: BLE001 - Beam's bundle processor raises it its way
-            raise _Fallback() from exc
+            raise Fallback() from exc
         finally:
             statesampler.set_current_tracker(previous)
         for n, count in enumerate(counts):
@@ -250,6 +263,10 @@ class DirectRun:
                 ) -> list[OutRow]:
         """Each value in its element's window, timestamp and pane, encoded (with its key
         when a keyed stage reads the output)."""
+        if src is None and values:
+            rows = self._encode_shared(values, wvs[0])
+            if rows is not None:
+                return rows
         if src is None:
             wrapped = [wvs[0].with_value(v) for v in values]
         else:
@@ -259,6 +276,38 @@ class DirectRun:
             return [(0, None, encode(wv)) for wv in wrapped]
         key = self.program.key_impl.encode_nested
         return [(0, key(wv.value[0]), encode(wv)) for wv in wrapped]
+
+    def _encode_shared(self, values: list[Any], wv: WindowedValue) -> list[OutRow] | None:
+        """`_encode` of values that all share `wv`'s window, timestamp and pane: its
+        WindowedValue header's bytes (found once, by encoding the first value both ways) before
+        each value's; a KV's key encoded once, for the key column and the element. None when
+        the header cannot be told apart."""
+        program = self.program
+        value_impl = program.value_impl
+        if value_impl is None:
+            return None
+        whole = program.out_impl.encode_nested(wv.with_value(values[0]))
+        tail = value_impl.encode_nested(values[0])
+        if not whole.endswith(tail):
+            return None
+        header = whole[:len(whole) - len(tail)]
+        if program.key_impl is None:
+            encode = value_impl.encode_nested
+            return [(0, None, header + encode(v)) for v in values]
+        if program.kv_impls is None:
+            key = program.key_impl.encode_nested
+            encode = value_impl.encode_nested
+            return [(0, key(v[0]), header + encode(v)) for v in values]
+        key_of, value_of = (impl.encode_nested for impl in program.kv_impls)
+        rows: list[OutRow] = []
+        append = rows.append
+        for v in values:
+            if type(v) is tuple and len(v) == 2:
+                k = key_of(v[0])
+                append((0, k, header + k + value_of(v[1])))
+            else:  # a list, or a wrong length: Beam's TupleCoder says what it makes of it
+                append((0, key_of(v[0]), header + value_impl.encode_nested(v)))
+        return rows
 
     def _combine(self, values: list[Any]) -> list[OutRow]:
         """Each (key, value) added to its key's accumulator. The table's entries are `[acc]`,
@@ -284,7 +333,7 @@ class DirectRun:
             self.table = {}
             lost = _LostTable(combine.name)
             lost.__cause__ = exc
-            raise _Fallback() from lost
+            raise Fallback() from lost
         return rows
 
     def _add(self, key: Any, value: Any, rows: list[OutRow]) -> None:
@@ -412,116 +461,3 @@ class _LostTable(Exception):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
-
-
-@functools.cache
-def _wrapper_codes() -> dict[str, Any]:
-    """The code of Beam's Map and Filter wrappers (`lambda x: [fn(x)]`, `lambda x, *args,
-    **kwargs: [x] if fn(x, *args, **kwargs) else []`), from this Beam."""
-    return {kind: make(len).fn.process.__code__
-            for kind, make in (("map", core.Map), ("filter", core.Filter))}
-
-
-def wrapped_fn(process: Any) -> tuple[str, Callable[[Any], Any]] | None:
-    """("map" or "filter", the user's function) when `process` is Beam's own Map or Filter
-    wrapper of a one-argument call (same code, same place in Beam's source; a pickled copy is
-    a new code object), else None. Calling the function itself skips a Python call and a
-    one-element list per element: ~0.5 µs of a word count's ~4 µs a line, in-process."""
-    code = getattr(process, "__code__", None)
-    cells = getattr(process, "__closure__", None)
-    if code is None or not cells or len(cells) != 1:
-        return None
-    for kind, ref in _wrapper_codes().items():
-        if (code.co_code == ref.co_code and code.co_filename == ref.co_filename
-                and code.co_firstlineno == ref.co_firstlineno and code.co_name == ref.co_name
-                and code.co_freevars == ref.co_freevars):
-            fn = cells[0].cell_contents
-            return (kind, fn) if callable(fn) else None
-    return None
-
-
-def _apply(step: _Step, values: list[Any], src: list[int] | None
-           ) -> tuple[list[Any], list[int] | None]:
-    """One function over a batch's values, each result kept with its element's index in the
-    batch (`src`; None when every element has the same window, timestamp and pane)."""
-    out: list[Any] = []
-    process = step.process
-    args = list(step.args)
-    simple = step.args == (None,) and not step.kwargs
-    if simple and step.wrapped is not None:
-        return _apply_wrapped(step.wrapped, values, src)
-    if src is None:  # results appended in bulk, their types checked once per batch
-        extend = out.extend
-        for value in values:
-            if simple:
-                results = process(value)
-            else:
-                args[step.element_at] = value
-                results = process(*args, **step.kwargs)
-            if results is not None:
-                extend(results)
-        if any(issubclass(t, _SPECIAL) for t in set(map(type, out))):
-            raise _Fallback()
-        return out, None
-    out_src: list[int] = []
-    for i, value in zip(src, values, strict=True):
-        if simple:
-            results = process(value)
-        else:
-            args[step.element_at] = value
-            results = process(*args, **step.kwargs)
-        if results is None:
-            continue
-        for result in results:
-            if isinstance(result, _SPECIAL):
-                raise _Fallback()
-            out.append(result)
-            out_src.append(i)
-    return out, out_src
-
-
-def _apply_wrapped(wrapped: tuple[str, Callable[[Any], Any]], values: list[Any],
-                   src: list[int] | None) -> tuple[list[Any], list[int] | None]:
-    """A Map's or Filter's function over a batch's values, as `_apply` with the wrapper."""
-    kind, fn = wrapped
-    out_src = src
-    if kind == "map":
-        out = list(map(fn, values))
-    elif src is None:
-        out = [v for v in values if fn(v)]
-    else:
-        kept = [(i, v) for i, v in zip(src, values, strict=True) if fn(v)]
-        out, out_src = [v for _, v in kept], [i for i, _ in kept]
-    if any(issubclass(t, _SPECIAL) for t in set(map(type, out))):
-        raise _Fallback()
-    return out, out_src
-
-
-class _SideState:
-    """What Beam's `StateBackedSideInputMap` asks of a state handler, over the stage's
-    side-input state entries (`engine/side_inputs.py`): their elements, decoded."""
-
-    def __init__(self, entries: dict[bytes, list[bytes]]) -> None:
-        self.entries = entries
-
-    def blocking_get(self, state_key: beam_fn_api_pb2.StateKey, coder: Any) -> list[Any]:
-        stream = create_InputStream(b"".join(self.entries.get(state_key.SerializeToString(), ())))
-        out = []
-        while stream.size() > 0:
-            out.append(coder.decode_from_stream(stream, True))
-        return out
-
-
-def _with_views(step: _Step, side_inputs: dict[bytes, list[bytes]]) -> _Step:
-    """`step` with its side inputs' views in its arguments, as Beam's `PerWindowInvoker` puts
-    them there once for every element when each side input is globally windowed: the view
-    Beam's own `StateBackedSideInputMap` makes for the global window."""
-    from apache_beam.internal.util import insert_values_in_args
-    from apache_beam.runners.worker.bundle_processor import StateBackedSideInputMap
-
-    state = _SideState(side_inputs)
-    views = [StateBackedSideInputMap(state, step.transform_id, tag, data, coder)  # type: ignore[arg-type]
-             [GlobalWindow()]
-             for tag, data, coder in step.sides]
-    args, kwargs = insert_values_in_args(list(step.args), step.kwargs, views)
-    return dataclasses.replace(step, args=tuple(args), kwargs=kwargs)

@@ -25,6 +25,7 @@ from sparkbeam.plan.model import Grouping, Stage
 
 if TYPE_CHECKING:
     from sparkbeam.engine.direct import DirectProgram
+    from sparkbeam.engine.keyed_columns import GlobalGrouping
 
 TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
 
@@ -45,6 +46,8 @@ class StageProgram:
     timer_impls: Mapping[TimerFamilyId, Any]
     timer_domains: Mapping[TimerFamilyId, int]
     groupers: Mapping[int, Grouper]  # stage input index -> how batch groups it per key
+    # Every input a global-window GroupByKey input: grouped from Arrow columns (None: not).
+    column_groupings: Mapping[int, GlobalGrouping] | None
     pcoll_to_input: Mapping[str, str]  # PCollection read in the stage -> its data input
     direct: DirectProgram | None = None  # batch: its functions called without the SDK
 
@@ -112,8 +115,21 @@ def build_program(stage: Stage, components: bytes, groupings: Mapping[bytes, Gro
         groupers={n: grouper_for(groupings[i.buffer_id], ctx)
                   for n, i in enumerate(stage.inputs) if i.buffer_id in groupings},
         pcoll_to_input=pcoll_to_input,
+        column_groupings=_column_groupings(stage, groupings, ctx),
         direct=_direct(stage, components),
     )
+
+
+def _column_groupings(stage: Stage, groupings: Mapping[bytes, Grouping], ctx: Any
+                      ) -> Mapping[int, GlobalGrouping] | None:
+    # Imported here: `keyed_columns` cuts `bundles.Bundle`s, and `bundles` reads `Chunks`.
+    from sparkbeam.engine.keyed_columns import global_grouping
+
+    found = {n: global_grouping(groupings[i.buffer_id], ctx)
+             for n, i in enumerate(stage.inputs) if i.buffer_id in groupings}
+    if not stage.inputs or len(found) < len(stage.inputs) or None in found.values():
+        return None
+    return {n: g for n, g in found.items() if g is not None}
 
 
 def _direct(stage: Stage, components: bytes) -> DirectProgram | None:

@@ -25,6 +25,7 @@ from sparkbeam.control.worker import Worker
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import ArrowRows, Columns
 from sparkbeam.engine.direct import DirectRun
+from sparkbeam.engine.keyed_columns import keyed_column_bundles
 from sparkbeam.engine.bundles import Bundle, Row, column_bundles, keyed_bundles, plain_bundles
 from sparkbeam.engine.program import Chunks, OutRow, program_for
 from sparkbeam.engine.run import StageRun
@@ -110,7 +111,10 @@ def _run_leased(
     try:
         splitter = (_splitter(spec, run, attempt)
                     if spec.rebalance_address and stage.kind is StageKind.SPLITTABLE else None)
-        if stage.kind.keyed:
+        if stage.kind.keyed and program.column_groupings and isinstance(rows, ArrowRows):
+            bundles = keyed_column_bundles(rows.batches, spec.bundle_size, spec.bundle_bytes,
+                                           program.column_groupings)
+        elif stage.kind.keyed:
             bundles = keyed_bundles(rows, spec.bundle_size, spec.bundle_bytes, program.groupers)
         elif program.direct is not None and isinstance(rows, ArrowRows):
             yield from _run_direct(spec, run, rows, side_inputs)

@@ -3,6 +3,13 @@
 Spark starts Python workers by forking `spark.python.daemon.module`. With PySpark's own daemon
 every worker then imports apache_beam on its first task (seconds each, and its own copy of the
 memory); forked from this one they start with Beam loaded and share those pages.
+
+Those modules' objects (~130 k) are then frozen out of the garbage collector (`gc.freeze`):
+otherwise each full collection in a worker walks them all, and a stage that allocates many
+surviving objects (a batch's values and windowed values) triggers many. Measured in-process on
+the sessions workload's map stage (parse, timestamp, assign sessions, encode; 200 k lines):
+20.3 µs a line, 12.4 with Beam's objects frozen. Frozen pages also stay shared with the forked
+workers (a collection no longer writes to them).
 Used by the sessions sparkbeam creates (see `session_config`).
 """
 from __future__ import annotations
@@ -20,4 +27,7 @@ from pyspark.daemon import manager  # noqa: E402
 import sparkbeam.engine.task  # noqa: E402, F401
 
 if __name__ == "__main__":
+    import gc
+
+    gc.freeze()
     manager()

@@ -18,10 +18,14 @@ global window, and passes the same view to every element (`is_globally_windowed`
 combiner (`CombinePerKey`'s pre-combine) may end the chain under the default windowing, where
 Beam's `PGBKCVOperation` keeps one accumulator per key.
 
+A WindowInto (`beam:transform:window_into:v1`) is a step too: Beam's bundle processor runs it
+as a DoFn assigning each element's windows at its timestamp. A `TimestampedValue` result gets
+the windows its ParDo's WindowFn assigns, as Beam's output handler gives it.
+
 What cannot be known before the functions run is checked as they run (`engine/direct.py`): a
-result that is a `TimestampedValue`, `WindowedValue` or `TaggedOutput`, and any exception, hand
-that Arrow batch and the rest of the task to the bundle processor, which gives Beam's own
-output or Beam's own error.
+result that is a `WindowedValue` or `TaggedOutput`, an element in no window or several reaching
+a WindowInto, and any exception, hand that Arrow batch and the rest of the task to the bundle
+processor, which gives Beam's own output or Beam's own error.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from sparkbeam.plan.model import DirectChain, Plan, Stage, StageKind
 
 _PICKLED_DOFN = "beam:dofn:pickled_python_info:v1"
 _PRECOMBINE = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+ASSIGN_WINDOWS = common_urns.primitives.ASSIGN_WINDOWS.urn
 _NOTHING = "no function to call"
 _GRPC_ENVIRONMENTS = frozenset(
     [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn])
@@ -79,6 +84,10 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
             if not _default_windowing(descriptor, pcoll):
                 return None, f"'{transform.unique_name}' combines under non-default windowing"
             combine = tid
+        elif transform.spec.urn == ASSIGN_WINDOWS:
+            problem = _window_into_problem(transform)
+            if problem:
+                return None, f"'{transform.unique_name}' {problem}"
         else:
             problem = _par_do_problem(transform)
             if problem:
@@ -110,11 +119,36 @@ def with_direct_chains(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
         if chain is not None:
             lines.append(f"{stage.description}: functions called directly, without Beam's "
                          "bundle processor (Map/FlatMap/Filter"
+                         + (", WindowInto" if _assigns_windows(stage, chain) else "")
                          + (", global side inputs" if stage.side_inputs else "")
                          + (", lifted combiner)" if chain.combine else ")"))
         else:
             lines.append(f"{stage.description}: Beam's bundle processor ({why})")
     return dataclasses.replace(plan, stages=tuple(stages)), tuple(lines)
+
+
+def _assigns_windows(stage: Stage, chain: DirectChain) -> bool:
+    descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
+    return any(descriptor.transforms[tid].spec.urn == ASSIGN_WINDOWS for tid, _ in chain.steps)
+
+
+def window_into_fn(transform: beam_runner_api_pb2.PTransform, context: Any) -> Any:
+    """The WindowFn a WindowInto assigns with (its payload read as Beam's bundle processor
+    reads it: a WindowingStrategy, whose first field is the WindowFn's spec)."""
+    from apache_beam.transforms.core import Windowing
+
+    strategy = beam_runner_api_pb2.WindowingStrategy.FromString(transform.spec.payload)
+    return Windowing.from_runner_api(strategy, context).windowfn
+
+
+def _window_into_problem(transform: beam_runner_api_pb2.PTransform) -> str:
+    from apache_beam.runners.pipeline_context import PipelineContext
+
+    try:
+        window_into_fn(transform, PipelineContext())
+    except Exception as exc:  # noqa: BLE001 - any failure to load keeps the general path
+        return f"has a WindowFn that cannot be loaded here ({type(exc).__name__})"
+    return ""
 
 
 def loaded_dofn(transform: beam_runner_api_pb2.PTransform) -> Any:

@@ -3,8 +3,10 @@ each element, and a stage's rows are byte for byte the bundle processor's (`engi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.internal import pickler
@@ -16,7 +18,8 @@ from hypothesis import strategies as st
 
 from sparkbeam.engine.arrow import ArrowRows, columns_of
 from sparkbeam.engine.context import pipeline_context
-from sparkbeam.engine.direct import text_lines, wrapped_fn
+from sparkbeam.engine.direct import text_lines
+from sparkbeam.engine.direct_steps import wrapped_fn
 from sparkbeam.engine.side_inputs import side_input_state
 from sparkbeam.engine.task import TaskSpec, run_stage_task
 from sparkbeam.plan.batch import plan_batch
@@ -26,7 +29,7 @@ _LINE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40) | st.s
     ["", "x" * 127, "y" * 128, "z" * 16_383, "é" * 8_200, "w" * 20_000])
 
 
-def _plan(keyed: bool):  # type: ignore[no-untyped-def]
+def _plan(keyed: bool, pair: Any = lambda w: (w, len(w))):  # type: ignore[no-untyped-def]
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, "in.txt")
     with open(path, "w") as f:
@@ -34,7 +37,7 @@ def _plan(keyed: bool):  # type: ignore[no-untyped-def]
     p = beam.Pipeline()
     pairs = (p | beam.io.ReadFromText(path) | "Split" >> beam.FlatMap(str.split)
              | "NotTwo" >> beam.Filter(lambda w: len(w) != 2)
-             | "Pair" >> beam.Map(lambda w: (w, len(w))))
+             | "Pair" >> beam.Map(pair))
     _ = pairs | (beam.GroupByKey() if keyed else beam.CombinePerKey(sum))
     plan = plan_batch(p.to_runner_api())
     stage = next(s for s in plan.stages if s.direct is not None)
@@ -89,6 +92,22 @@ def test_rows_equal_the_bundle_processors(lines: list[str], keyed: bool) -> None
         assert direct == beams
     else:  # one accumulator per key, in a table's order
         assert sorted(direct) == sorted(beams)
+
+
+def _odd_pair(word: str) -> object:
+    """Pairs a keyed consumer reads that are not plain 2-tuples: Beam's TupleCoder encodes
+    a list as it does a tuple."""
+    return [word, len(word)] if len(word) % 2 else (word, (word, -len(word)))
+
+
+@settings(max_examples=10, deadline=None)
+@given(lines=st.lists(st.text("abc é", max_size=12), max_size=30))
+def test_keyed_rows_of_lists_and_nested_tuples_equal_the_bundle_processors(
+        lines: list[str]) -> None:
+    plan, stage, prefix = _plan(True, _odd_pair)
+    encoded = [prefix + varint(len(s.encode())) + s.encode() for s in lines]
+    direct, beams = _both_paths(plan, stage, [_batch(encoded)])
+    assert direct == beams
 
 
 def _parse_typed(line: str) -> tuple[str, object]:
@@ -158,13 +177,69 @@ def test_map_and_filter_keep_each_elements_window(elements: list[tuple[int, int]
          | "Odd" >> beam.Filter(lambda x: x % 3)
          | "Pair" >> beam.Map(lambda x: (x % 2, x)) | beam.GroupByKey())
     plan = plan_batch(p.to_runner_api())
-    stage = next(s for s in plan.stages if s.direct is not None)
+    stage = next(s for s in plan.stages if "Positive" in s.transforms)
+    assert stage.direct is not None
     assert [n for n in stage.transforms if n in ("Positive", "Double", "Odd", "Pair")]
     impl = pipeline_context(plan.components).coders[stage.inputs[0].coder_id].get_impl()
     encoded = [impl.encode_nested(WindowedValue(x, ts, [window.IntervalWindow(ts, ts + 9)]))
                for x, ts in elements]
     direct, beams = _both_paths(plan, stage, [_batch(encoded)])
     assert direct == beams
+
+
+def _stamp(x: int) -> object:
+    # A TimestampedValue from a Map; every third element passes through with its own time.
+    return x if x % 3 == 0 else window.TimestampedValue((x % 4, x), x * 7)
+
+
+def _stamp_many(x: object) -> list[object]:
+    # A FlatMap giving a TimestampedValue and a plain value per element.
+    return [window.TimestampedValue(x, 50), ("plain", x)]
+
+
+_WINDOW_INTO = {
+    "sessions": lambda: beam.WindowInto(window.Sessions(20)),
+    "sliding": lambda: beam.WindowInto(window.SlidingWindows(30, 10)),
+    "fixed": lambda: beam.WindowInto(window.FixedWindows(25)),
+    "global": lambda: beam.WindowInto(window.GlobalWindows()),
+    "none": lambda: beam.Map(lambda x: x),  # TimestampedValues' windows reach the output
+}
+
+
+@settings(max_examples=30, deadline=None)
+@given(elements=st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 10**6),
+                                   st.booleans()), max_size=40),
+       windowing=st.sampled_from(sorted(_WINDOW_INTO)), many=st.booleans())
+def test_timestamps_and_window_into_equal_the_bundle_processors(  # type: ignore[no-untyped-def]
+        elements, windowing, many) -> None:
+    # TimestampedValue results get the ParDo's windows (times an element's windows count);
+    # WindowInto assigns at each element's timestamp; elements in several windows (the
+    # sliding input) go to the bundle processor for WindowInto. Byte for byte.
+    plan, stage = _stamping_plan(windowing, many)
+    impl = pipeline_context(plan.components).coders[stage.inputs[0].coder_id].get_impl()
+    encoded = []
+    for x, ts, several in elements:
+        windows = ([window.IntervalWindow(ts, ts + 9), window.IntervalWindow(ts + 3, ts + 12)]
+                   if several else [window.IntervalWindow(ts, ts + 9)])
+        encoded.append(impl.encode_nested(WindowedValue(x, ts, windows)))
+    direct, beams = _both_paths(plan, stage, [_batch(encoded)])
+    assert direct == beams
+
+
+@functools.cache
+def _stamping_plan(windowing: str, many: bool):  # type: ignore[no-untyped-def]
+    p = beam.Pipeline()
+    sliding = beam.WindowInto(window.SlidingWindows(9, 3))
+    both = [p | f"Create{n}" >> beam.Create([n]) | f"Window{n}" >> sliding for n in (1, 2)]
+    stamped = (both | beam.Flatten() | "Stamp" >> beam.Map(_stamp))
+    if many:
+        stamped = stamped | "StampMany" >> beam.FlatMap(_stamp_many)
+    _ = (stamped | "Into" >> _WINDOW_INTO[windowing]()
+         | "Key" >> beam.Map(lambda x: (str(x)[:3], x)) | beam.GroupByKey())
+    plan = plan_batch(p.to_runner_api())
+    stage = next(s for s in plan.stages if "Into" in s.transforms)
+    assert stage.direct is not None and "Stamp" in stage.transforms, plan.decisions
+    return plan, stage
 
 
 _VIEWS = {
