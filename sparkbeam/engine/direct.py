@@ -11,11 +11,12 @@ Anything Beam would treat otherwise hands the batch and the rest of the task to 
 processor (`fallback`), after flushing the table (partial accumulators are what a pre-combine
 emits anyway): a result that is a `WindowedValue` or `TaggedOutput`, an element in several
 windows reaching a WindowInto, an element the combiner cannot split into key and value, and
-any exception, which the bundle processor then raises with Beam's own message. A batch is all or nothing: its outputs and
-metrics count only once all of it has gone through, so nothing is counted twice. The one thing
-that cannot be undone is a combiner's `add_input` failing half-way through a batch (it may have
-changed accumulators in place): the table is dropped and the rest goes to the bundle processor,
-which must fail too; if it does not, the task fails rather than lose the dropped values.
+any exception, which the bundle processor then raises with Beam's own message. A batch is
+all or nothing: its outputs and metrics count only once all of it has gone through, so nothing
+is counted twice. The one thing that cannot be undone is a combiner's `add_input` failing
+half-way through a batch (it may have changed accumulators in place): the table is dropped and
+the rest goes to the bundle processor, which must fail too; if it does not, the task fails
+rather than lose the dropped values.
 """
 from __future__ import annotations
 

@@ -103,27 +103,34 @@ class ByWindowGrouper:
     def group(self, values: list[bytes]) -> list[bytes]:
         stream = create_InputStream(b"".join(values))
         decode = self._pre.decode_from_stream
-        windows: dict[Any, list[tuple[Any, Any]]] = {}
+        # Entries by window, keyed by `_window_key` (an IntervalWindow's hash and equality go
+        # through Timestamp objects, ~2 a lookup); timestamps kept as micros until needed.
+        windows: dict[Any, list[tuple[Any, int]]] = {}
+        objects: dict[Any, Any] = {}
         key: Any = None
         while stream.size() > 0:
             element = decode(stream, True)
             key, value = element.value
-            timestamp = element.timestamp
+            micros = element.timestamp_micros
             for window in element.windows:
-                found = windows.get(window)
+                at = _window_key(window)
+                found = windows.get(at)
                 if found is None:
-                    windows[window] = [(value, timestamp)]
+                    windows[at] = [(value, micros)]
+                    objects[at] = window
                 else:
-                    found.append((value, timestamp))
+                    found.append((value, micros))
         if self._merging and windows:
-            into = self._merge_sessions(windows) if self._sessions else self._merge(windows)
+            seen = list(objects.values())
+            into = self._merge_sessions(seen) if self._sessions else self._merge(seen)
             if into:
-                windows = _regroup(windows, into)
+                windows, objects = _regroup(windows, objects, into)
         out = create_OutputStream()
         stamp = self._stamp
-        for window, entries in windows.items():
-            timestamp = stamp.merge(
-                window, (stamp.assign_output_time(window, ts) for _, ts in entries))
+        for at, entries in windows.items():
+            window = objects[at]
+            timestamp = stamp.merge(window, (
+                stamp.assign_output_time(window, Timestamp(micros=ts)) for _, ts in entries))
             grouped = WindowedValue((key, [value for value, _ in entries]), timestamp,
                                     (window,), ON_TIME_PANE)
             self._post.encode_to_stream(grouped, out, True)
@@ -165,14 +172,27 @@ class ByWindowGrouper:
         return merges.into
 
 
-def _regroup(windows: dict[Any, list[tuple[Any, Any]]], into: dict[Any, Any]
-             ) -> dict[Any, list[tuple[Any, Any]]]:
+def _window_key(window: Any) -> Any:
+    """What a window is looked up by: Beam's own IntervalWindow by its bounds in micros (what
+    its equality compares), any other window by itself."""
+    if type(window) is IntervalWindow:
+        return (window._start_micros, window._end_micros)
+    return window
+
+
+def _regroup(windows: dict[Any, list[tuple[Any, Any]]], objects: dict[Any, Any],
+             into: dict[Any, Any]) -> tuple[dict[Any, list[tuple[Any, Any]]], dict[Any, Any]]:
     """The values under their merged windows, as the driver lists them: windows in order of
     first appearance, each merged-away window's values after its result's so far (chained
     merges followed to the end)."""
+    into_keys = {_window_key(w): r for w, r in into.items()}
     merged: dict[Any, list[tuple[Any, Any]]] = {}
-    for window, entries in windows.items():
-        while window in into:
-            window = into[window]
-        merged.setdefault(window, []).extend(entries)
-    return merged
+    merged_objects: dict[Any, Any] = {}
+    for at, entries in windows.items():
+        window = objects[at]
+        while at in into_keys:
+            window = into_keys[at]
+            at = _window_key(window)
+        merged.setdefault(at, []).extend(entries)
+        merged_objects.setdefault(at, window)
+    return merged, merged_objects
