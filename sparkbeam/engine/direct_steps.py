@@ -19,8 +19,15 @@ from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms import core
-from apache_beam.transforms.window import GlobalWindow, TimestampedValue, WindowFn
+from apache_beam.transforms.window import (
+    GlobalWindow,
+    GlobalWindows,
+    TimestampedValue,
+    WindowFn,
+)
 from apache_beam.utils.windowed_value import WindowedValue
+
+_GLOBAL_WINDOW = GlobalWindow()
 
 # Results Beam's output handler treats otherwise than wrapping them in the input's window.
 _SPECIAL = (TimestampedValue, WindowedValue, TaggedOutput)
@@ -105,11 +112,15 @@ def _stamped(window_fn: Any, out: list[Any], src: list[int] | None, wvs: list[Wi
     as its element had windows), at the default pane; other results keep their element's."""
     values: list[Any] = []
     value_src: list[int] = []
+    # Beam's GlobalWindows.assign is `[GlobalWindow()]`: its singleton, whose __init__ reads a
+    # constant from a proto enum each time (~1.5 µs, as much as the rest of the step).
+    global_ = type(window_fn) is GlobalWindows
     for k, result in enumerate(out):
         at = 0 if src is None else src[k]
         if isinstance(result, TimestampedValue):
-            windowed = WindowedValue(result.value, result.timestamp, window_fn.assign(
-                WindowFn.AssignContext(result.timestamp, result.value)))
+            windowed = WindowedValue(result.value, result.timestamp, [_GLOBAL_WINDOW] if global_
+                                     else window_fn.assign(WindowFn.AssignContext(
+                                         result.timestamp, result.value)))
             if len(wvs[at].windows) != 1:
                 windowed.windows *= len(wvs[at].windows)
             wvs.append(windowed)

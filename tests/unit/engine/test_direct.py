@@ -206,31 +206,36 @@ _WINDOW_INTO = {
 }
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(elements=st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 10**6),
                                    st.booleans()), max_size=40),
-       windowing=st.sampled_from(sorted(_WINDOW_INTO)), many=st.booleans())
+       windowing=st.sampled_from(sorted(_WINDOW_INTO)), many=st.booleans(),
+       sliding=st.booleans())
 def test_timestamps_and_window_into_equal_the_bundle_processors(  # type: ignore[no-untyped-def]
-        elements, windowing, many) -> None:
+        elements, windowing, many, sliding) -> None:
     # TimestampedValue results get the ParDo's windows (times an element's windows count);
-    # WindowInto assigns at each element's timestamp; elements in several windows (the
-    # sliding input) go to the bundle processor for WindowInto. Byte for byte.
-    plan, stage = _stamping_plan(windowing, many)
+    # WindowInto assigns at each element's timestamp; elements in several windows go to the
+    # bundle processor for WindowInto. Byte for byte.
+    plan, stage = _stamping_plan(windowing, many, sliding)
     impl = pipeline_context(plan.components).coders[stage.inputs[0].coder_id].get_impl()
     encoded = []
     for x, ts, several in elements:
-        windows = ([window.IntervalWindow(ts, ts + 9), window.IntervalWindow(ts + 3, ts + 12)]
-                   if several else [window.IntervalWindow(ts, ts + 9)])
+        if sliding:  # the elements' own windows, as the input's windowing assigned them
+            windows = [window.IntervalWindow(ts, ts + 9)]
+            if several:
+                windows.append(window.IntervalWindow(ts + 3, ts + 12))
+        else:
+            windows = [window.GlobalWindow()] * (2 if several else 1)
         encoded.append(impl.encode_nested(WindowedValue(x, ts, windows)))
     direct, beams = _both_paths(plan, stage, [_batch(encoded)])
     assert direct == beams
 
 
 @functools.cache
-def _stamping_plan(windowing: str, many: bool):  # type: ignore[no-untyped-def]
+def _stamping_plan(windowing: str, many: bool, sliding: bool):  # type: ignore[no-untyped-def]
     p = beam.Pipeline()
-    sliding = beam.WindowInto(window.SlidingWindows(9, 3))
-    both = [p | f"Create{n}" >> beam.Create([n]) | f"Window{n}" >> sliding for n in (1, 2)]
+    into = beam.WindowInto(window.SlidingWindows(9, 3) if sliding else window.GlobalWindows())
+    both = [p | f"Create{n}" >> beam.Create([n]) | f"Window{n}" >> into for n in (1, 2)]
     stamped = (both | beam.Flatten() | "Stamp" >> beam.Map(_stamp))
     if many:
         stamped = stamped | "StampMany" >> beam.FlatMap(_stamp_many)
