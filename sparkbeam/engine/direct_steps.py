@@ -118,9 +118,9 @@ def _stamped(window_fn: Any, out: list[Any], src: list[int] | None, wvs: list[Wi
     for k, result in enumerate(out):
         at = 0 if src is None else src[k]
         if isinstance(result, TimestampedValue):
-            windowed = WindowedValue(result.value, result.timestamp, [_GLOBAL_WINDOW] if global_
-                                     else window_fn.assign(WindowFn.AssignContext(
-                                         result.timestamp, result.value)))
+            windows: Any = ([_GLOBAL_WINDOW] if global_ else window_fn.assign(
+                WindowFn.AssignContext(result.timestamp, result.value)))
+            windowed = WindowedValue(result.value, result.timestamp, windows)
             if len(wvs[at].windows) != 1:
                 windowed.windows *= len(wvs[at].windows)
             wvs.append(windowed)
