@@ -55,3 +55,32 @@ def driver_stages(stages: Sequence[Stage], exported: Set[bytes] = frozenset()) -
                 chosen.discard(s.label)
                 changed = True
     return chosen
+
+
+def shuffled_through(stages: Sequence[Stage], on_driver: Set[str],
+                     exported: Set[bytes] = frozenset(),
+                     side_inputs: Set[bytes] = frozenset()) -> set[bytes]:
+    """The buffers a Spark stage hands only to the shuffle of one keyed stage: the producer's
+    only output, read by nothing else (no other stage, side input or Spark write), and that
+    keyed stage's only input. Such a producer is not persisted: its rows, its metric rows
+    included, go straight into the consumer's shuffle, which the consumer's tasks read once
+    (they forward the producer's metric rows with their own). Persisting it cost a columnar
+    copy of every row in the JVM's memory for one reader."""
+    producers: dict[bytes, list[Stage]] = {}
+    readers: dict[bytes, list[Stage]] = {}
+    for s in stages:
+        for o in s.outputs:
+            producers.setdefault(o.buffer_id, []).append(s)
+        for i in s.inputs:
+            readers.setdefault(i.buffer_id, []).append(s)
+    found = set()
+    for buffer, made_by in producers.items():
+        read_by = readers.get(buffer, [])
+        if len(made_by) != 1 or len(read_by) != 1 or buffer in exported or buffer in side_inputs:
+            continue
+        producer, consumer = made_by[0], read_by[0]
+        if (len(producer.outputs) == 1 and producer.label not in on_driver
+                and consumer.label not in on_driver and consumer.kind.keyed
+                and len(consumer.inputs) == 1):
+            found.add(buffer)
+    return found

@@ -18,12 +18,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from sparkbeam.control.lease import lease_worker
 from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.control.worker import Worker
 from sparkbeam.engine import context
-from sparkbeam.engine.arrow import ArrowRows, Columns
+from sparkbeam.engine.arrow import ArrowRows, Columns, rows_of
 from sparkbeam.engine.direct import DirectRun
 from sparkbeam.engine.keyed_columns import keyed_column_bundles
 from sparkbeam.engine.bundles import Bundle, Row, column_bundles, keyed_bundles, plain_bundles
@@ -56,6 +59,9 @@ class TaskSpec:
     partitions: int = 1  # how many tasks the stage has
     pipeline_options: dict | None = None  # for SDK workers of PROCESS/EXTERNAL environments
     worker_connect_timeout_s: float = 60.0
+    # Input rows numbered METRICS_TAG are an unpersisted producer's metric rows, come through
+    # this stage's shuffle: passed on as this task's output, after its own.
+    forwards_metrics: bool = False
 
 
 def run_stage_task(
@@ -105,6 +111,9 @@ def _run_leased(
     reporter: MetricsReporter | None,
 ) -> Iterator[OutRow]:
     stage = spec.stage
+    forwarded: list[OutRow] = []
+    if spec.forwards_metrics:
+        rows = _without_metric_rows(rows, forwarded)
     worker.state.bind_side_inputs(side_inputs)
     program = program_for(stage, spec.components, spec.groupings)
     run = StageRun(program, worker, spec.bundle_size, reporter)
@@ -144,6 +153,34 @@ def _run_leased(
     encoded_key = json.dumps(key.__dict__).encode()
     for info in infos:
         yield METRICS_TAG, encoded_key, info.SerializeToString()
+    yield from forwarded
+
+
+def _without_metric_rows(rows: Iterable[Row], forwarded: list[OutRow]) -> Iterable[Row]:
+    """`rows` less those numbered METRICS_TAG, which go to `forwarded` as output rows."""
+    if isinstance(rows, ArrowRows):
+        return ArrowRows(_batches_without_metric_rows(rows.batches, forwarded))
+
+    def plain() -> Iterator[Row]:
+        for row in rows:
+            if row[0] == METRICS_TAG:
+                forwarded.append((METRICS_TAG, row[1], row[2]))
+            else:
+                yield row
+
+    return plain()
+
+
+def _batches_without_metric_rows(batches: Iterator[pa.RecordBatch], forwarded: list[OutRow]
+                                 ) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        metric = pc.equal(batch.column(0), METRICS_TAG)
+        if not pc.any(metric).as_py():
+            yield batch
+            continue
+        for _, key, value in rows_of(iter([batch.filter(metric)])):
+            forwarded.append((METRICS_TAG, key, value))
+        yield batch.filter(pc.invert(metric))
 
 
 def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows,

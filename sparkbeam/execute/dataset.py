@@ -124,6 +124,16 @@ class Datasets:
         split = min(128 << 20, max(4 << 20, weighted // max(1, self.parallelism)))
         return max(1, -(-weighted // split))
 
+    def with_metric_rows(self, out: DataFrame, tag: int, index: int, metrics_tag: int
+                         ) -> DataFrame:
+        """A stage output's rows tagged `tag` as input `index`, and its metric rows as input
+        `metrics_tag`, in one pass over it (two selections of an unpersisted output would
+        compute it twice)."""
+        is_metrics = F.col("tag") == metrics_tag
+        return out.where((F.col("tag") == tag) | is_metrics).select(
+            F.when(is_metrics, F.lit(metrics_tag)).otherwise(F.lit(index)).cast("int")
+            .alias("input"), "key", "value")
+
     def as_input(self, df: DataFrame, index: int) -> DataFrame:
         """A buffer's rows tagged as input number `index` of the reading stage."""
         return df.select(F.lit(index).cast("int").alias("input"), "key", "value")
@@ -151,10 +161,12 @@ class Datasets:
         task: Callable[[Iterable[tuple[int, Any, bytes]], tuple[int, int, int]], Iterator[tuple]],
         name: str = "",
         prepare: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
+        persist: bool = True,
     ) -> DataFrame:
         """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,
         partition id, attempt number). The output is persisted once, so every consumer reads
-        it without recomputing (which would repeat side effects and metrics). `prepare`, if
+        it without recomputing (which would repeat side effects and metrics); not with
+        `persist=False`, for an output only one shuffle reads once. `prepare`, if
         given, first turns each partition's batches of `df` into (input, key, value) batches,
         in the same task (a query's rows encoded where they are consumed: no second trip
         between the JVM and Python)."""
@@ -171,7 +183,8 @@ class Datasets:
         if name:
             # The SQL tab of the Spark UI names each MapInArrow node by its function.
             arrow_task.__name__ = arrow_task.__qualname__ = _ui_name(name)
-        return df.mapInArrow(arrow_task, OUT_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
+        out = df.mapInArrow(arrow_task, OUT_SCHEMA)
+        return out.persist(StorageLevel.MEMORY_AND_DISK) if persist else out
 
     def collect_tag(self, df: DataFrame, tag: int) -> list[tuple[bytes | None, bytes]]:
         rows = df.where(F.col("tag") == tag).select("key", "value").collect()

@@ -13,7 +13,7 @@ from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 
 from sparkbeam.engine.context import pipeline_context
-from sparkbeam.engine.placement import driver_stages
+from sparkbeam.engine.placement import driver_stages, shuffled_through
 from sparkbeam.engine.side_inputs import side_input_state
 from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.engine.task_errors import stage_error
@@ -107,10 +107,13 @@ class Executor:
     ) -> None:
         """Runs `plan` as job `job_id`, its Spark jobs in the job group `group` (the job id
         unless given)."""
+        exported = {op.buffer_id for op in plan.spark_writes}
+        # Over Connect this process is a client, not Spark's driver.
+        on_driver = set() if self.ds.connect else driver_stages(plan.stages, exported=exported)
         run = _Run(plan, job_id, progress, cancelled, pipeline_context(plan.components),
-                   # Over Connect this process is a client, not Spark's driver.
-                   on_driver=set() if self.ds.connect else driver_stages(
-                       plan.stages, exported={op.buffer_id for op in plan.spark_writes}))
+                   on_driver=on_driver, plan_shuffled=shuffled_through(
+                       plan.stages, on_driver, exported,
+                       {u.buffer_id for s in plan.stages for u in s.side_inputs}))
         try:
             with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"):
                 for stage in plan.stages:
@@ -242,6 +245,13 @@ class Executor:
                 read = run.plan.text_reads[inp.buffer_id]
                 df = self.ds.text_lines(list(read.files), read.prefix)
                 partitions += self.ds.file_partitions(read.total_bytes, len(read.files))
+            elif inp.buffer_id in run.shuffled:
+                # The producer's whole output, its metric rows as input -1 (forwarded).
+                out, partitions_in = run.shuffled[inp.buffer_id]
+                inputs.append(self.ds.with_metric_rows(out, 0, n, METRICS_TAG))
+                partitions += partitions_in
+                spec = dataclasses.replace(spec, forwards_metrics=True)
+                continue
             else:
                 parts = run.buffers.get(inp.buffer_id, [])
                 df = self.ds.union(parts)
@@ -258,8 +268,13 @@ class Executor:
             partitions = self.ds.parallelism
         shipped = self.ds.ship(side) if side is not None else None
         spec = dataclasses.replace(spec, partitions=max(1, partitions))
+        into_shuffle = [o.buffer_id for o in stage.outputs if o.buffer_id in run.plan_shuffled]
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display,
-                                prepare)
+                                prepare, persist=not into_shuffle)
+        if into_shuffle:  # read once, by its consumer's shuffle (`shuffled_through`)
+            run.shuffled[into_shuffle[0]] = (out, max(1, partitions))
+            self.stage_partitions[stage.label] = max(1, partitions)
+            return
         for index, output in enumerate(stage.outputs):
             selected = self.ds.select_tag(out, index)
             self._partitions[id(selected)] = max(1, partitions)
@@ -287,6 +302,10 @@ class _Run:
     outputs: list[Any] = field(default_factory=list)  # every stage output, released at end
     pending: list[Any] = field(default_factory=list)  # outputs whose metrics are not in
     on_driver: set[str] = field(default_factory=set)  # labels of the stages run here
+    # Buffers only one keyed stage's shuffle reads (`shuffled_through`), and, once declared,
+    # their producer's unpersisted output with its partition count.
+    plan_shuffled: set[bytes] = field(default_factory=set)
+    shuffled: dict[bytes, tuple[Any, int]] = field(default_factory=dict)
 
     def record(self, metric_rows: list[tuple[bytes | None, bytes]]) -> None:
         infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in metric_rows]

@@ -4,11 +4,14 @@ from __future__ import annotations
 import collections
 
 import apache_beam as beam
+import pyarrow as pa
+import pytest
 from apache_beam.transforms.window import GlobalWindows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkbeam.engine import context as worker_context
+from sparkbeam.engine.arrow import ArrowRows
 from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.plan.fuse import plan_pipeline
 
@@ -91,3 +94,29 @@ def test_worker_cache_is_bounded_and_tears_down_what_it_evicts() -> None:
     with cache.lease(plans[2]):
         pass
     assert cache.created == 3  # still cached: no new set-up
+
+
+@pytest.mark.parametrize("arrow", [False, True])
+def test_a_producers_metric_rows_in_the_input_are_passed_on_once_after_the_tasks_own(
+        arrow: bool) -> None:
+    # An unpersisted producer's metric rows reach its keyed consumer through the shuffle as
+    # input METRICS_TAG (`placement.shuffled_through`): the consumer's task groups the rest
+    # as without them and hands them back, key and value as they came.
+    SEEN.clear()
+    data = [(1, 5), (2, 6), (1, 7)]
+    rows = _rows(data)
+    producer = [(METRICS_TAG, b'{"stage": "stage-000"}', b"info-%d" % n) for n in range(3)]
+    mixed = rows[:1] + producer[:2] + rows[1:] + producer[2:]
+    spec = TaskSpec(stage=STAGE, components=PLAN.components, groupings=dict(PLAN.groupings),
+                    pickle_library="default", bundle_size=10, bundle_bytes=1 << 20,
+                    forwards_metrics=True)
+    if arrow:
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array([r[0] for r in mixed], pa.int32()), pa.array([r[1] for r in mixed]),
+             pa.array([r[2] for r in mixed])], names=["input", "key", "value"])
+        out = list(run_stage_task(spec, ArrowRows(iter([batch])), {}))
+    else:
+        out = list(run_stage_task(spec, mixed, {}))
+    assert sorted(x[1:] for x in SEEN if x[0] == "group") == [(1, (5, 7)), (2, (6,))]
+    assert out[-3:] == producer
+    assert all(row not in producer for row in out[:-3])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import apache_beam as beam
 import pytest
@@ -101,7 +102,21 @@ def _mangle(proto: beam_runner_api_pb2.Pipeline, data: hs.DataObject) -> None:
     """One structural change a broken client could make: a component deleted, a reference
     pointed elsewhere, a URN or payload replaced, a composite emptied."""
     comps = proto.components
-    pick = lambda mapping: data.draw(hs.sampled_from(sorted(mapping)))  # noqa: E731
+
+    def pick(mapping: Any) -> Any:
+        if not mapping:  # an earlier change deleted the last of them: nothing to change
+            raise _NothingLeft
+        return data.draw(hs.sampled_from(sorted(mapping)))
+
+    with contextlib.suppress(_NothingLeft):
+        _mangle_one(comps, data, pick)
+
+
+class _NothingLeft(Exception):
+    pass
+
+
+def _mangle_one(comps: Any, data: hs.DataObject, pick: Any) -> None:
     how = data.draw(hs.sampled_from(["delete", "payload", "urn", "port", "coder", "window",
                                      "hollow"]))
     if how == "delete":

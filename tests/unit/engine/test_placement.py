@@ -4,7 +4,7 @@ from __future__ import annotations
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from sparkbeam.engine.placement import driver_stages
+from sparkbeam.engine.placement import driver_stages, shuffled_through
 from sparkbeam.plan.model import IMPULSE_BUFFER, Stage, StageInput, StageKind, StageOutput
 
 
@@ -72,3 +72,31 @@ def test_keyed_stages_and_sdk_worker_environments_stay_in_spark() -> None:
 
 def test_a_stage_without_inputs_is_not_a_driver_stage() -> None:
     assert driver_stages([_stage("stage-000", [], [b"x"])]) == set()
+
+
+def test_only_a_sole_output_read_by_one_keyed_stage_alone_goes_straight_into_its_shuffle() -> None:
+    stages = [
+        _stage("stage-000", [b"lines"], [b"pairs"]),  # read, parse: into the GroupByKey
+        _stage("stage-001", [b"pairs"], [b"grouped"], StageKind.GROUPED),  # group, format
+        _stage("stage-002", [b"grouped"], [b"counted"], StageKind.STATEFUL),  # another key
+        _stage("stage-003", [b"counted"], [b"two", b"outs"]),  # two outputs
+        _stage("stage-004", [b"two"], [], StageKind.GROUPED),
+        _stage("stage-005", [b"outs"], [b"side"], StageKind.GROUPED),
+        _stage("stage-006", [b"side"], [b"cogrouped"]),
+        _stage("stage-007", [b"cogrouped", b"other"], [], StageKind.GROUPED),  # two inputs
+        _stage("stage-008", [b"lines"], [b"other"]),
+        _stage("stage-009", [b"lines"], [b"plain"]),
+        _stage("stage-010", [b"plain"], []),  # a plain reader: no shuffle
+    ]
+    assert shuffled_through(stages, set()) == {b"pairs", b"grouped"}
+    # Read as a side input too, written by WriteToSpark, or produced or read in the driver:
+    # persisted, as before.
+    assert shuffled_through(stages, set(), side_inputs={b"pairs"}) == {b"grouped"}
+    assert shuffled_through(stages, set(), exported={b"grouped"}) == {b"pairs"}
+    assert shuffled_through(stages, {"stage-000"}) == {b"grouped"}
+    assert shuffled_through(stages, {"stage-002"}) == {b"pairs"}
+    # Two producers (a flattened buffer), or two readers.
+    flattened = [*stages, _stage("stage-011", [b"lines"], [b"pairs"])]
+    assert shuffled_through(flattened, set()) == {b"grouped"}
+    twice = [*stages, _stage("stage-012", [b"pairs"], [], StageKind.GROUPED)]
+    assert shuffled_through(twice, set()) == {b"grouped"}
