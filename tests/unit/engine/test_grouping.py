@@ -137,3 +137,31 @@ def test_batch_leaves_a_combine_over_sessions_unlifted_and_streaming_keeps_beams
     assert not any("Precombine" in t for t in names(plan_pipeline(proto)))
     assert "Sum/Precombine" in names(plan_pipeline(proto, beam_phases=True))
     assert "Sum/Precombine" in names(plan_pipeline(proto, streaming=True))
+
+
+class _ChainedSessions(window.Sessions):
+    """Sessions merged pairwise, left to right: each merge's result is merged again with the
+    next overlapping window (a chain of merges in one merge call, which Beam's own Sessions
+    never makes)."""
+
+    def merge(self, merge_context):  # type: ignore[no-untyped-def]
+        current = None
+        for w in sorted(merge_context.windows, key=lambda w: (w.start, w.end)):
+            if current is not None and current.end > w.start:
+                merged = window.IntervalWindow(current.start, max(current.end, w.end))
+                merge_context.merge([current, w], merged)
+                current = merged
+            else:
+                current = w
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(events=_EVENTS)
+def test_chained_merges_equal_beams_trigger_driver(events) -> None:  # type: ignore[no-untyped-def]
+    windowing = Windowing(_ChainedSessions(5), triggerfn=trigger.DefaultTrigger(),
+                          timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST)
+    ours, ctx = _grouping(windowing, by_window=True)
+    beams, _ = _grouping(windowing, by_window=False)
+    values = _encoded(windowing, ours, ctx, "k", events)
+    assert ByWindowGrouper(ours, ctx).group(values) == TriggerDriverGrouper(beams, ctx).group(
+        values)
