@@ -54,15 +54,20 @@ class Columns:
 
 
 def columns_of(batch: pa.RecordBatch) -> Columns:
-    values = batch.column(2)
+    offsets, data = binary_buffers(batch.column(2))
+    return Columns(batch.column(0).to_numpy(zero_copy_only=False), offsets, data)
+
+
+def binary_buffers(values: pa.Array) -> tuple[np.ndarray, memoryview]:
+    """A binary array's offsets (int64, len(values) + 1, starting at 0) and its values back to
+    back, as they lie in Arrow's buffers (a sliced array's too)."""
     _, offset_buffer, data_buffer = values.buffers()[:3]
     wide = pa.types.is_large_binary(values.type)
     offsets = np.frombuffer(offset_buffer, dtype=np.int64 if wide else np.int32,
                             count=len(values) + 1, offset=values.offset * (8 if wide else 4))
     start, end = int(offsets[0]), int(offsets[-1])
     data = memoryview(data_buffer)[start:end] if data_buffer is not None else memoryview(b"")
-    return Columns(batch.column(0).to_numpy(zero_copy_only=False),
-                   offsets.astype(np.int64) - start, data)
+    return offsets.astype(np.int64) - start, data
 
 
 def to_arrow_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:

@@ -35,9 +35,7 @@ from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, me
 from apache_beam.runners.common import NameContext
 from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import combiners, core
-from apache_beam.transforms.window import (
-    GlobalWindows,
-)
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.counters import CounterFactory
 from apache_beam.utils.windowed_value import WindowedValue
 

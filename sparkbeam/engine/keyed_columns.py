@@ -42,7 +42,7 @@ from apache_beam.coders.coder_impl import WindowedValueCoderImpl
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
-from sparkbeam.engine.arrow import Columns, columns_of
+from sparkbeam.engine.arrow import Columns, binary_buffers, columns_of
 from sparkbeam.engine.bundles import Bundle
 from sparkbeam.plan.model import Grouping
 
@@ -123,13 +123,8 @@ def _runs(batch: pa.RecordBatch) -> _Batch:
             keys.slice(1), keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)
     starts = np.append(np.flatnonzero(change), n)
     data = np.frombuffer(cols.data, dtype=np.uint8)
-    _, key_offsets_buffer, key_buffer = keys.buffers()[:3]
-    wide = pa.types.is_large_binary(keys.type)
-    key_offsets = np.frombuffer(key_offsets_buffer, dtype=np.int64 if wide else np.int32,
-                                count=n + 1, offset=keys.offset * (8 if wide else 4)
-                                ).astype(np.int64)
-    key_data = (np.frombuffer(key_buffer, dtype=np.uint8) if key_buffer is not None
-                else np.zeros(0, dtype=np.uint8))
+    key_offsets, key_view = binary_buffers(keys)
+    key_data = np.frombuffer(key_view, dtype=np.uint8)
     begin, end = cols.offsets[:-1], cols.offsets[1:]
     key_len = np.diff(key_offsets)
     ok = (end - begin) >= _HEADER + key_len
@@ -144,9 +139,9 @@ def _runs(batch: pa.RecordBatch) -> _Batch:
     total = int(key_len.sum())
     if total:
         row = np.repeat(np.arange(n), key_len)
-        in_key = np.arange(total) - np.repeat(key_offsets[:-1] - key_offsets[0], key_len)
+        in_key = np.arange(total) - np.repeat(key_offsets[:-1], key_len)
         where = np.minimum(np.where(ok[row], at[row] + _HEADER + in_key, 0), last)
-        same = data[where] == key_data[key_offsets[0] + np.arange(total)]
+        same = data[where] == key_data
         ok &= np.bincount(row[~same], minlength=n) == 0
     # The ok rows' values: [begin + header + key length, end), cut in one masked copy.
     value_begin = begin + _HEADER + key_len

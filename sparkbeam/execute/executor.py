@@ -271,15 +271,14 @@ class Executor:
         into_shuffle = [o.buffer_id for o in stage.outputs if o.buffer_id in run.plan_shuffled]
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display,
                                 prepare, persist=not into_shuffle)
+        self.stage_partitions[stage.label] = max(1, partitions)
         if into_shuffle:  # read once, by its consumer's shuffle (`shuffled_through`)
             run.shuffled[into_shuffle[0]] = (out, max(1, partitions))
-            self.stage_partitions[stage.label] = max(1, partitions)
             return
         for index, output in enumerate(stage.outputs):
             selected = self.ds.select_tag(out, index)
             self._partitions[id(selected)] = max(1, partitions)
             run.buffers.setdefault(output.buffer_id, []).append(selected)
-        self.stage_partitions[stage.label] = max(1, partitions)
         run.outputs.append(out)
         run.pending.append(out)
 
