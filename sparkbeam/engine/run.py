@@ -148,7 +148,7 @@ class BatchSideWorker:
     def __init__(self) -> None:
         self._current: tuple[int, contextlib.ExitStack, Worker] | None = None
 
-    def run(self, program: StageProgram, bundle_size: int, timers: TimerBook, batch: int,
+    def run(self, program: StageProgram, bundle_size: int, timers: TimerBook | None, batch: int,
             side_inputs: Mapping[bytes, list[bytes]]) -> StageRun:
         if self._current is None or self._current[0] != batch:
             self.close()

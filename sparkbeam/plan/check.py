@@ -2,8 +2,9 @@
 
 Every check Prepare makes lives here and runs once (`runner.prepare` gathers them into one
 `UnsupportedFeatureError`): the proto's transforms, environments, coders and windowing
-(`find_unsupported`), the planned stages in streaming (`plan_problems`: by the stage's kind and
-side inputs, through `STREAMING_STAGES`) and the options (`option_problems`). Each fails
+(`find_unsupported`), the planned stages (`plan_problems`: a splittable DoFn with user state,
+which Beam's SDK cannot run; in streaming, by the stage's kind and side inputs, through
+`STREAMING_STAGES`) and the options (`option_problems`). Each fails
 closed, like a translation table: a leaf transform whose URN has no rule here or in the SDK's
 bundle processor, or a streaming stage whose (kind, side inputs) has no row, is reported,
 never silently mis-executed. (The well-formedness of the proto is `validate.py`'s, first.)
@@ -161,7 +162,8 @@ def _dedup(items: list[Unsupported]) -> list[Unsupported]:
 
 # The streaming engine's operators, by (stage kind, reads side inputs). The streaming query
 # builds each stage from the row of this table (`streaming/query.py`, tested to agree); a
-# combination without a row is refused at Prepare with its reason from STREAMING_REFUSED.
+# combination without a row is refused at Prepare (fail closed). Every kind Beam's SDK can run
+# has both rows.
 STREAMING_STAGES: dict[tuple[StageKind, bool], str] = {
     (StageKind.PLAIN, False): "mapInArrow over each micro-batch",
     (StageKind.GROUPED, False): "mapInArrow over the panes of its GroupByKey",
@@ -171,33 +173,38 @@ STREAMING_STAGES: dict[tuple[StageKind, bool], str] = {
     (StageKind.STATEFUL, True): "transformWithState: user state and timers per key, elements "
                                 "waiting in it for their side inputs",
     (StageKind.SPLITTABLE, False): "transformWithState: restrictions per spread key",
+    (StageKind.SPLITTABLE, True): "transformWithState: restrictions per spread key, run with "
+                                  "the side inputs their elements waited for upstream",
 }
-STREAMING_REFUSED: dict[tuple[StageKind, bool], tuple[str, str]] = {
-    (StageKind.SPLITTABLE, True): (
-        "side inputs read by a splittable DoFn in streaming",
-        "its elements cannot wait for the side input inside the read; read the side input in "
-        "a transform after the read (its consumers start a stage of their own)"),
-    (StageKind.STATEFUL_SPLITTABLE, False): ("a splittable DoFn with user state in streaming",
-                                             "not built yet in the streaming engine"),
-    (StageKind.STATEFUL_SPLITTABLE, True): ("a splittable DoFn with user state in streaming",
-                                            "not built yet in the streaming engine"),
-}
+
+# Why refused in batch and streaming alike: Beam's Python SDK (2.77) cannot run one. Its bundle
+# processor encodes the state key of a splittable DoFn's Process with the coder of the
+# (element, restriction) pair but passes the element's key, so the first state or timer access
+# fails ("Number of components does not match number of coders") on FnApiRunner and the
+# DirectRunner as on Spark; refused here, it is named before any work is done.
+STATEFUL_SPLITTABLE_REFUSED = (
+    "a splittable DoFn with user state or timers",
+    "Beam's Python SDK cannot give a splittable DoFn's restrictions user state or timers (its "
+    "own runners fail at the first access); keep the state in a stateful DoFn after the read")
 
 
 def plan_problems(plan: Plan, *, streaming: bool) -> list[Unsupported]:
-    """What the engine cannot run of the planned stages (streaming only: batch runs every
-    kind)."""
-    if not streaming:
-        return []
+    """What the engine cannot run of the planned stages: a splittable DoFn with user state
+    (the SDK's limit), and in streaming every (kind, side inputs) without an operator."""
     found: list[Unsupported] = []
     for stage in plan.stages:
         where = f"{stage.label} [{stage.description}]"
+        if stage.kind is StageKind.STATEFUL_SPLITTABLE:
+            what, hint = STATEFUL_SPLITTABLE_REFUSED
+            found.append(Unsupported(what, where, hint))
+            continue
+        if not streaming:
+            continue
         row = (stage.kind, bool(stage.side_inputs))
         if row not in STREAMING_STAGES:
-            what, hint = STREAMING_REFUSED.get(
-                row, (f"a {stage.kind.value} stage{' with side inputs' * row[1]} in streaming",
-                      "no streaming operator for it"))
-            found.append(Unsupported(what, where, hint))
+            found.append(Unsupported(
+                f"a {stage.kind.value} stage{' with side inputs' * row[1]} in streaming", where,
+                "no streaming operator for it"))
         found.extend(_side_mapping_problems(stage, where))
     return found
 

@@ -24,7 +24,7 @@ class StageKind(enum.Enum):
     GROUPED = "grouped"  # reads GroupByKey output: input partitioned and sorted by key
     STATEFUL = "stateful"  # user state or timers: partitioned by key, keys finished in turn
     SPLITTABLE = "splittable"  # processes restrictions of a splittable DoFn: input spread
-    STATEFUL_SPLITTABLE = "stateful splittable"  # both: keyed in batch, refused in streaming
+    STATEFUL_SPLITTABLE = "stateful splittable"  # both: refused at Prepare (`plan.check`)
 
     @property
     def keyed(self) -> bool:

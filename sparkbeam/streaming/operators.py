@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -446,7 +446,8 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
         inputs = rows_by_input((self.task.input_tags[r.tag], bytes(r.value)) for r in rows)
         try:
             budget = time.budget_of(spread_endpoint(self.task.spec.stage.label, key))
-            out, blob, hold = self.key_stage.step(blob, inputs, time, time.drained, budget)
+            out, blob, hold = self.key_stage.step(blob, inputs, time, time.drained, budget,
+                                                  self._sides())
         except Exception as exc:  # noqa: BLE001 - reported with the stage and transform
             self.failed = True
             raise RuntimeError(error_payload(self.task.spec.stage, exc)) from None
@@ -454,3 +455,31 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
         rows_out = [Row(tag=self.task.output_tags[index], key=k, value=v)
                     for index, k, v in out]
         return rows_out, blob, EVERY_BATCH if blob is not None else None
+
+    def _sides(self) -> tuple[int, Mapping[bytes, list[bytes]]] | None:
+        """(the micro-batch, the side-input data its restrictions read); None: it reads none."""
+        return None
+
+
+class SplittableSideInputProcessor(SplittableStageProcessor):
+    """A splittable DoFn reading side inputs: per spread key, as `SplittableStageProcessor`,
+    its restrictions and their residuals run with the side inputs as each micro-batch sees
+    them. Its new elements need not wait here: Beam's SDF expansion gives the step before it,
+    SplitAndSizeRestriction, the same side inputs, so they waited there (readiness only grows)
+    and arrive ready."""
+
+    def __init__(self, task: StageTask, sides: tuple[StreamingSide, ...], checkpoint: str,
+                 holds: tuple[str, ...] = ()) -> None:
+        super().__init__(task, checkpoint, holds)
+        self.sides = sides
+
+    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
+        super().bind(handle, blob)
+        self.view = _SideView(self, self.task.spec, self.sides)
+
+    def close(self) -> None:
+        super().close()
+        self.key_stage.sided.close()
+
+    def _sides(self) -> tuple[int, Mapping[bytes, list[bytes]]] | None:
+        return self.batch, self.view.state()

@@ -131,12 +131,16 @@ def _sides_of(stage: Stage, comps: beam_runner_api_pb2.Components, tags: dict[by
               holds: dict[bytes, tuple[str, ...]]) -> tuple[StreamingSide, ...]:
     main_holds = tuple(sorted({h for i in stage.inputs for h in holds.get(i.buffer_id, ())}))
     out = []
+    # A splittable DoFn's residuals read the side windows of their elements for as long as
+    # they run, past any watermark: its side inputs are kept whole (no reader bound).
+    unbounded = stage.kind is StageKind.SPLITTABLE
     for use in stage.side_inputs:
         pcoll = translations.split_buffer_id(use.buffer_id)[1]
         triggered = is_triggered(comps, pcoll)
         out.append(StreamingSide(use, tags[use.buffer_id], holds.get(use.buffer_id, ()),
                                  triggered, triggered and is_discarding(comps, pcoll),
-                                 side_lateness(stage, use), main_holds, stage.label))
+                                 None if unbounded else side_lateness(stage, use), main_holds,
+                                 stage.label))
     return tuple(out)
 
 

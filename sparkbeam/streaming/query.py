@@ -39,6 +39,7 @@ from sparkbeam.streaming.operators import (
     GroupByKeyProcessor,
     SideInputStageProcessor,
     SideWriter,
+    SplittableSideInputProcessor,
     SplittableStageProcessor,
     StageTask,
     StatefulSideInputProcessor,
@@ -222,6 +223,17 @@ def _splittable(frame: DataFrame, task: StageTask, stage: Stage, splan: Streamin
         ROW_SCHEMA, "Append", "ProcessingTime")
 
 
+def _splittable_with_sides(frame: DataFrame, task: StageTask, stage: Stage,
+                           splan: StreamingPlan, settings: StreamingSettings) -> DataFrame:
+    # Restrictions, their residuals and the elements waiting for side inputs live in the state
+    # of a spread key.
+    return _spread(frame, settings).transformWithState(
+        ProcessorShell(SplittableSideInputProcessor(
+            task, splan.sides[stage.label], settings.checkpoint_dir,
+            splan.holds_of([i.buffer_id for i in stage.inputs]))),
+        ROW_SCHEMA, "Append", "ProcessingTime")
+
+
 def _stateful(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
               settings: StreamingSettings) -> DataFrame:
     # User state and timers: the stage runs per key in transformWithState.
@@ -253,6 +265,7 @@ _OPERATORS: dict[tuple[StageKind, bool], Callable[..., DataFrame]] = {
     (StageKind.STATEFUL, False): _stateful,
     (StageKind.STATEFUL, True): _stateful_with_sides,
     (StageKind.SPLITTABLE, False): _splittable,
+    (StageKind.SPLITTABLE, True): _splittable_with_sides,
 }
 
 

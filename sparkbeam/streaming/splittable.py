@@ -27,7 +27,9 @@ partitions the budget held back.
 from __future__ import annotations
 
 import collections
+import contextlib
 import pickle
+from collections.abc import Mapping
 from typing import Any
 
 from apache_beam.metrics import monitoring_infos
@@ -35,7 +37,7 @@ from apache_beam.portability.api import beam_fn_api_pb2
 
 from sparkbeam.engine import context
 from sparkbeam.engine.program import OutRow, program_for
-from sparkbeam.engine.run import StageRun, leased_run
+from sparkbeam.engine.run import BatchSideWorker, StageRun, leased_run
 from sparkbeam.engine.task import TaskSpec
 from sparkbeam.metrics import merge_infos
 from sparkbeam.streaming.budget import THROTTLE_COUNTER, THROTTLE_NAMESPACE
@@ -68,13 +70,17 @@ class SplittableKey:
         self.step_name = process_step(self.program.descriptor)
         ctx = context.pipeline_context(spec.components)
         self._input_impls = [ctx.coders[i.coder_id].get_impl() for i in spec.stage.inputs]
+        self.sided = BatchSideWorker()  # for a DoFn that reads side inputs
 
     def step(self, blob: bytes | None, inputs: dict[int, list[bytes]], time: RunnerTime,
-             drained: bool, budget: tuple[int, int] | None = None
+             drained: bool, budget: tuple[int, int] | None = None,
+             sides: tuple[int, Mapping[bytes, list[bytes]]] | None = None
              ) -> tuple[list[OutRow], bytes | None, int]:
         """(output rows, the key's new blob or None, its hold: the earliest watermark of its
         pending restrictions, MAX_MICROS when none are left). `budget`: the (items, bytes) the
-        key's bundles may output this batch; None runs everything due in one bundle."""
+        key's bundles may output this batch; None runs everything due in one bundle. `sides`:
+        (the micro-batch, the data of the side inputs the DoFn reads), for new restrictions
+        and residuals alike (a restriction reads the side inputs as they are when it runs)."""
         entries, throttled, endpoints = _load(blob)
         if throttled:
             waited = max(0, time.processing - time.processing_before)
@@ -87,7 +93,10 @@ class SplittableKey:
         work += [(n, element, MIN_MICROS) for n in sorted(inputs) for element in inputs[n]]
         left: list[Work] = []
         stopped = False
-        with leased_run(self.program, self.spec.bundle_size) as run:
+        runs = (leased_run(self.program, self.spec.bundle_size) if sides is None
+                else contextlib.nullcontext(self.sided.run(self.program, self.spec.bundle_size,
+                                                           None, *sides)))
+        with runs as run:
             try:
                 if budget is None:
                     out = self._run_all(run, work)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 import apache_beam as beam
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.coders import VarIntCoder
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
+from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.transforms import trigger, userstate, window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Timestamp
@@ -142,6 +144,59 @@ def stateful_with_side_input(p):
               | beam.WindowInto(window.FixedWindows(10)))
     sums = stream | "Sums" >> beam.CombinePerKey(sum)
     return stream | "CountWithSums" >> beam.ParDo(CountWithSums(), beam.pvalue.AsDict(sums))
+
+
+def _count_up_rows(kv, position, w, sums):
+    return kv[0], f"[{float(w.start)},{float(w.end)})", position, sums.get(kv[0])
+
+
+class CountUpWithSums(beam.DoFn, RestrictionProvider):
+    """A splittable DoFn over positions 0..n-1 of each (key, n), each output with its window's
+    per-key sums (a side input: a new element waits for them to be complete). It defers the
+    rest of its restriction after each position, so every position after the first is a
+    residual run in a later micro-batch, reading the side input again."""
+
+    def initial_restriction(self, kv):
+        return OffsetRange(0, kv[1])
+
+    def create_tracker(self, restriction):
+        return OffsetRestrictionTracker(restriction)
+
+    def restriction_size(self, kv, restriction):
+        return restriction.size()
+
+    def process(self, kv, sums, w=beam.DoFn.WindowParam, tracker=beam.DoFn.RestrictionParam()):
+        position = tracker.current_restriction().start
+        if tracker.try_claim(position):
+            yield _count_up_rows(kv, position, w, sums)
+            tracker.defer_remainder()
+
+
+class CountUpPlainWithSums(beam.DoFn):
+    """What `CountUpWithSums` outputs, without splitting: Beam's DirectRunner cannot run a
+    splittable DoFn reading side inputs (its SDF override takes the ParDo's inputs for one
+    PCollection), so it runs this for the expected output."""
+
+    def process(self, kv, sums, w=beam.DoFn.WindowParam):
+        for position in range(kv[1]):
+            yield _count_up_rows(kv, position, w, sums)
+
+
+def _count_up_with_sums(p, dofn):
+    stream = (p | events(("add", [("a", 2, 1), ("b", 1, 2)]), ("wm", 5),
+                         ("add", [("a", 3, 7)]), ("wm", 12),
+                         ("add", [("b", 2, 13)]), ("wm", 18), ("add", [("a", 1, 25)]))
+              | beam.WindowInto(window.FixedWindows(10)))
+    sums = stream | "Sums" >> beam.CombinePerKey(sum)
+    return stream | "CountUp" >> beam.ParDo(dofn, beam.pvalue.AsDict(sums))
+
+
+def splittable_with_side_input(p):
+    return _count_up_with_sums(p, CountUpWithSums())
+
+
+def plain_with_side_input(p):
+    return _count_up_with_sums(p, CountUpPlainWithSums())
 
 
 class BufferWithTimers(beam.DoFn):
