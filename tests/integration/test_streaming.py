@@ -497,3 +497,67 @@ def test_a_slowly_updating_side_input_shows_its_latest_pane_and_its_files_stay_f
     files = os.listdir(directory)
     assert len(files) <= 10 and any(f.endswith("-compact") for f in files), files
 
+
+_PANE_BYTES = 256 * 1024  # each side pane's payload: 200 panes kept would be 50 MB
+
+
+def _probe(kv, latest, sides: str):  # type: ignore[no-untyped-def]
+    """(main value, the side value it saw, this worker's pid and resident KiB, the side
+    buffers' files and bytes in the checkpoint now): the reader reports what it holds."""
+    with open("/proc/self/statm") as f:
+        rss_kib = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    paths = [os.path.join(d, f) for d in (os.path.join(sides, s) for s in os.listdir(sides))
+             for f in os.listdir(d)]
+    return (kv[1], latest[0], len(latest[1]), os.getpid(), rss_kib, len(paths),
+            sum(os.path.getsize(path) for path in paths if os.path.exists(path)))
+
+
+@pytest.mark.slow  # 200 micro-batches, ~3 min: `make test-slow`, not in `make test`
+def test_a_slowly_updating_side_input_over_200_micro_batches_keeps_files_and_memory_flat(
+        tmp_path) -> None:
+    """200 micro-batches, each with a new 256 KiB pane of a discarding side input (the
+    slowly-updating pattern) and a main element reading it with AsSingleton: every main
+    element sees a recent pane whole; the checkpoint's side files stay few and small (what no
+    reader can see is compacted away), and the reading worker's memory stays flat (it holds
+    the latest pane, not all of them)."""
+    n = 200
+    ckpt = tmp_path / "ckpt"
+    sides = str(ckpt / "sides")
+
+    def build(p):  # type: ignore[no-untyped-def]
+        stream = p | events(*[("add", [("side", i, i), ("main", 1000 + i, i)])
+                              for i in range(n)])
+        side = (stream | "Sides" >> beam.Filter(lambda kv: kv[0] == "side")
+                | "Latest" >> beam.WindowInto(
+                    window.GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+                    accumulation_mode=trigger.AccumulationMode.DISCARDING)
+                | "Pane" >> beam.Map(lambda kv: (kv[1], "x" * _PANE_BYTES)))
+        return (stream | "Mains" >> beam.Filter(lambda kv: kv[0] == "main")
+                | "Probe" >> beam.Map(_probe, latest=beam.pvalue.AsSingleton(side),
+                                      sides=sides))
+
+    rows = sorted(eval(line) for line in run_streaming(  # noqa: S307 - ours
+        build, SparkRunner(), [f"--checkpoint_dir={ckpt}", "--parallelism=1"]))
+    assert [main for main, *_ in rows] == [1000 + i for i in range(n)]
+    # The first main element waits for the side input's first pane; each later one sees the
+    # pane of the micro-batch before its own (side files are read from earlier batches).
+    lags = [main - 1000 - seen for main, seen, *_ in rows]
+    assert lags == [0] + [1] * (n - 1), lags
+    assert all(length == _PANE_BYTES for _, _, length, *_ in rows)
+    # Files: the driver compacts every 8; bytes: a handful of panes, not the 200 written.
+    assert max(files for *_, files, _ in rows) <= 10, [r[5] for r in rows]
+    assert max(size for *_, size in rows[n // 4:]) <= 12 * _PANE_BYTES, [r[6] for r in rows]
+    # Memory, per reading worker: what it holds after 150 more panes is what it held at 50.
+    early: dict[int, int] = {}
+    late: dict[int, int] = {}
+    for main, _, _, pid, rss, *_ in rows:
+        i = main - 1000
+        if n // 8 <= i < n * 3 // 8:
+            early[pid] = max(early.get(pid, 0), rss)
+        elif i >= n * 3 // 4:
+            late[pid] = max(late.get(pid, 0), rss)
+    both = set(early) & set(late)
+    assert both, (early, late)
+    growth_kib = {pid: late[pid] - early[pid] for pid in both}
+    assert max(growth_kib.values()) <= 16 * 1024, (growth_kib, early)
+
