@@ -27,6 +27,7 @@ from sparkbeam.engine.task import METRICS_TAG, TaskSpec, report_infos, run_stage
 from sparkbeam.engine.task_errors import error_payload
 from sparkbeam.engine.watermarks import held_watermarks, holds_back, watermark_at_start
 from sparkbeam.plan.model import Grouping
+from sparkbeam.streaming.buckets import dump_entries, load_entries
 from sparkbeam.streaming.checkpoint import (
     CheckpointLayout,
     FileHoldStore,
@@ -73,14 +74,19 @@ class StageTask:
 
 
 class _KeyedProcessor:
-    """One blob of Beam state per key, one Spark wake-up timer while Beam timers are pending,
-    the runner's time from the offset log; Spark runs it inside a `shell.ProcessorShell`,
-    which registers the blob's state and calls `bind`.
+    """Beam state and pending timers of many keys in one Spark state value per grouping key,
+    one Spark wake-up timer per grouping key while any of its keys waits, the runner's time
+    from the offset log; Spark runs it inside a `shell.ProcessorShell`, which registers the
+    state value and calls `bind`.
 
-    Beside the blob the key keeps what it waits for (`script.Pending`). While it waits, one
-    Spark timer a millisecond after the batch wakes it next batch; a woken key with nothing due
-    only sets the next one (its blob is neither decoded nor written). A key with both input and
-    an expired timer in a batch is run for its input and then passed over as woken."""
+    A grouping key is a bucket of Beam keys (`buckets.py`) for operators keyed by the Beam
+    key, or one spread key (whose only key is itself). Its state value holds, per key, the
+    key's blob and what it waits for (`script.Pending`), so a bucket costs Spark's per-key
+    calls (set the key, read, write, timer) once per micro-batch however many of its keys
+    the batch touches. While a key waits, the bucket's Spark timer, a millisecond after the
+    batch, wakes it next batch; woken, it runs the keys whose timers are due and only counts
+    the others' holds (their blobs are not decoded). A key runs at most once per batch: for its
+    input, timers due then included, or when woken."""
 
     def __init__(self, pickle_library: str, checkpoint: str, holds: tuple[str, ...] = ()
                  ) -> None:
@@ -90,7 +96,8 @@ class _KeyedProcessor:
         self.holds = holds
 
     def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
-        """Ready for keys, with the key's blob state `blob` (the shell registers it)."""
+        """Ready for keys, with the grouping key's state value `blob` (the shell registers
+        it)."""
         prepare(self.pickle_library)
         self.handle = handle
         self.blob = blob
@@ -101,46 +108,73 @@ class _KeyedProcessor:
         # The earliest hold (pending output time, waiting element, residual restriction) of
         # what this task ran in its batch; holding stages write it at close.
         self.hold = MAX_MICROS
+        self._ran: set[bytes] = set()  # keys run in this task's batch
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802
-        return self._step(bytes(key[0]), list(rows), timerValues, woken=False)
+        return self._step(key[0], list(rows), timerValues, woken=False)
 
     def handleExpiredTimer(  # noqa: N802
         self, key: Any, timerValues: Any, expiredTimerInfo: Any  # noqa: N803
     ) -> Iterator[Row]:
-        return self._step(bytes(key[0]), [], timerValues, woken=True)
+        return self._step(key[0], [], timerValues, woken=True)
+
+    #: Grouped by buckets of Beam keys (the rows' `key`), not by a spread key.
+    bucketed = False
+
+    def _keys_of(self, group: Any, rows: list[Row]) -> dict[bytes, list[Row]]:
+        """The rows of grouping key `group` by the key they belong to: their Beam key in a
+        bucket, else the grouping key itself (a spread key)."""
+        if not self.bucketed:
+            return {bytes(group): rows} if rows else {}
+        by_key: dict[bytes, list[Row]] = {}
+        for row in rows:
+            by_key.setdefault(bytes(row.key), []).append(row)
+        return by_key
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, Pending | None]:
         """(output rows, the key's new blob or None, what it waits for or None)."""
         raise NotImplementedError
 
-    def _step(self, key: bytes, rows: list[Row], timer_values: Any, woken: bool) -> Iterator[Row]:
+    def _step(self, group: Any, rows: list[Row], timer_values: Any, woken: bool
+              ) -> Iterator[Row]:
         now_ms = timer_values.getCurrentProcessingTimeInMs()
-        self.batch, time = self.clock.at(now_ms)
+        batch, time = self.clock.at(now_ms)
+        if batch != self.batch:
+            self.batch, self._ran = batch, set()
         time = self._held(time)
-        saved = self.blob.get()  # None when the key has no state
-        waited = None if saved is None or saved[1] is None else Pending(*saved[1:])
-        if woken and (waited is None or not waited.due(time)):
-            # Nothing fires: the key's work, if any, was done for its input in this batch.
-            if waited is not None:
-                self.hold = min(self.hold, waited.hold)
-                self.handle.registerTimer(now_ms + 1)
-            return iter(())
-        blob = bytes(saved[0]) if saved is not None and saved[0] is not None else None
-        out, blob, pending = self._process(key, rows, blob, time)
-        if pending is not None:
+        saved = self.blob.get()  # None when no key of the group has state
+        entries = load_entries(saved[0] if saved is not None else None)
+        armed = any(pending is not None for _, pending in entries.values())
+        out: list[Row] = []
+        changed = False
+        work = self._keys_of(group, rows)
+        for key, (_, pending) in entries.items():
+            if (pending is not None and key not in work and key not in self._ran
+                    and pending.due(time)):
+                work[key] = []
+        for key, key_rows in work.items():
+            self._ran.add(key)
+            blob, _ = entries.get(key, (None, None))
+            key_out, blob, pending = self._process(key, key_rows, blob, time)
+            out.extend(key_out)
+            changed = True
+            if blob is None and pending is None:
+                entries.pop(key, None)
+            else:
+                entries[key] = (blob, pending)
+        waiting = [pending for _, pending in entries.values() if pending is not None]
+        for pending in waiting:
             self.hold = min(self.hold, pending.hold)
-            if woken or waited is None:
-                # Invariant: a waiting key has one Spark timer set, expiring next batch.
-                self.handle.registerTimer(now_ms + 1)
-        if blob is None:
-            if saved is not None:
+        if waiting and (woken or not armed):
+            # Invariant: a group with a waiting key has one Spark timer set, expiring next
+            # batch (an armed group's timer expires in this batch and is set again then).
+            self.handle.registerTimer(now_ms + 1)
+        if changed:
+            if entries:
+                self.blob.update((dump_entries(entries),))
+            else:
                 self.blob.clear()
-        elif pending is None:
-            self.blob.update((blob, None, None, None))
-        else:
-            self.blob.update((blob, pending.event, pending.processing, pending.hold))
         return iter(out)
 
     def _held(self, time: RunnerTime) -> RunnerTime:
@@ -174,6 +208,8 @@ class _KeyedProcessor:
 class GroupByKeyProcessor(_KeyedProcessor):
     """One GroupByKey of a streaming job: rows (tag, key, value) of its input buffer in, panes
     (output tag, key, KV<key, iterable>) out."""
+
+    bucketed = True
 
     def __init__(self, grouping: Grouping, components: bytes, pickle_library: str,
                  output_tag: int, checkpoint: str, holds: tuple[str, ...] = (),
@@ -233,6 +269,8 @@ class _PerKeyStageProcessor(_KeyedProcessor):
 class StatefulStageProcessor(_PerKeyStageProcessor):
     """A stage with a stateful DoFn: the key's elements and due timers through the SDK's bundle
     processor, its user state and timers in the blob (`stateful.py`)."""
+
+    bucketed = True
 
     def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
         super().bind(handle, blob)

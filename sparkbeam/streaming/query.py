@@ -27,6 +27,7 @@ from sparkbeam.engine.task_errors import stage_error
 from sparkbeam.errors import ExecutionError, JobCancelledError
 from sparkbeam.plan.model import Stage, StageKind
 from sparkbeam.streaming.beam_source import BeamSource, encode
+from sparkbeam.streaming.buckets import bucket_count
 from sparkbeam.streaming.checkpoint import (
     CheckpointLayout,
     FileHoldStore,
@@ -121,7 +122,7 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
                                                 tag, settings.checkpoint_dir,
                                                 splan.holds_of([inp.buffer_id]),
                                                 label if label in splan.holding else None)
-                frame = frame.groupBy("key").transformWithState(
+                frame = _bucketed(frame, settings).transformWithState(
                     ProcessorShell(processor), ROW_SCHEMA, "Append", "ProcessingTime")
             inputs.append(frame)
         if not inputs:
@@ -205,6 +206,13 @@ def _spread(frame: DataFrame, settings: StreamingSettings) -> Any:
     return frame.withColumn("key", spread.cast("string").cast("binary")).groupBy("key")
 
 
+def _bucketed(frame: DataFrame, settings: StreamingSettings) -> Any:
+    """The rows grouped by a bucket of their Beam key (`buckets.py`): Spark's per-key calls are
+    paid per bucket, not per key."""
+    bucket = F.pmod(F.xxhash64("key"), F.lit(bucket_count(settings.partitions or 2)))
+    return frame.withColumn("bucket", bucket.cast("int")).groupBy("bucket")
+
+
 def _waiting_for_sides(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
                        settings: StreamingSettings) -> DataFrame:
     # Main-input elements wait for their side inputs in the state of a spread key.
@@ -237,7 +245,7 @@ def _splittable_with_sides(frame: DataFrame, task: StageTask, stage: Stage,
 def _stateful(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
               settings: StreamingSettings) -> DataFrame:
     # User state and timers: the stage runs per key in transformWithState.
-    return frame.groupBy("key").transformWithState(
+    return _bucketed(frame, settings).transformWithState(
         ProcessorShell(StatefulStageProcessor(
             task, settings.checkpoint_dir, splan.holds_of([i.buffer_id for i in stage.inputs]))),
         ROW_SCHEMA, "Append", "ProcessingTime")
@@ -247,7 +255,7 @@ def _stateful_with_sides(frame: DataFrame, task: StageTask, stage: Stage,
                          splan: StreamingPlan, settings: StreamingSettings) -> DataFrame:
     # User state and timers per key; main-input elements wait in the key's state for their
     # side inputs.
-    return frame.groupBy("key").transformWithState(
+    return _bucketed(frame, settings).transformWithState(
         ProcessorShell(StatefulSideInputProcessor(
             task, splan.sides[stage.label], settings.checkpoint_dir,
             splan.holds_of([i.buffer_id for i in stage.inputs]))),

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-# The one Spark state variable of a keyed processor: the key's Beam state as a blob, beside what
-# it waits for (`script.Pending`).
-BLOB_STATE = ("beam", "blob binary, event long, processing long, hold long")
+# The one Spark state variable of a keyed processor: its grouping key's entries, each key's Beam
+# state as a blob beside what it waits for (`buckets.py`).
+BLOB_STATE = ("beam", "entries binary")
 
 
 class Bindable(Protocol):
