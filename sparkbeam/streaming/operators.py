@@ -421,11 +421,11 @@ class SideInputStageProcessor(_KeyedProcessor):
         return out, pickle.dumps(waiting, protocol=5), EVERY_BATCH
 
 
-class StatefulSideInputProcessor(StatefulStageProcessor):
-    """A stateful DoFn reading side inputs: per key, as `StatefulStageProcessor`, but each
-    main-input element waits in the key's blob until the side inputs are ready for its window
-    (as `SideInputStageProcessor`); due timers fire whatever waits. The blob is (the stateful
-    stage's blob, the waiting elements)."""
+class _ReadingSides(_PerKeyStageProcessor):
+    """A stage run key by key whose DoFn reads side inputs: its view of them per batch
+    (`_SideView`), and its key stage's worker for the batch closed with the task."""
+
+    key_stage: Any  # a KeyStage or a SplittableKey: each has the batch worker `sided`
 
     def __init__(self, task: StageTask, sides: tuple[StreamingSide, ...], checkpoint: str,
                  holds: tuple[str, ...] = ()) -> None:
@@ -439,6 +439,13 @@ class StatefulSideInputProcessor(StatefulStageProcessor):
     def close(self) -> None:
         super().close()
         self.key_stage.sided.close()
+
+
+class StatefulSideInputProcessor(_ReadingSides, StatefulStageProcessor):
+    """A stateful DoFn reading side inputs: per key, as `StatefulStageProcessor`, but each
+    main-input element waits in the key's blob until the side inputs are ready for its window
+    (as `SideInputStageProcessor`); due timers fire whatever waits. The blob is (the stateful
+    stage's blob, the waiting elements)."""
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, Pending | None]:
@@ -499,25 +506,12 @@ class SplittableStageProcessor(_PerKeyStageProcessor):
         return None
 
 
-class SplittableSideInputProcessor(SplittableStageProcessor):
+class SplittableSideInputProcessor(_ReadingSides, SplittableStageProcessor):
     """A splittable DoFn reading side inputs: per spread key, as `SplittableStageProcessor`,
     its restrictions and their residuals run with the side inputs as each micro-batch sees
     them. Its new elements need not wait here: Beam's SDF expansion gives the step before it,
     SplitAndSizeRestriction, the same side inputs, so they waited there (readiness only grows)
     and arrive ready."""
-
-    def __init__(self, task: StageTask, sides: tuple[StreamingSide, ...], checkpoint: str,
-                 holds: tuple[str, ...] = ()) -> None:
-        super().__init__(task, checkpoint, holds)
-        self.sides = sides
-
-    def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None:
-        super().bind(handle, blob)
-        self.view = _SideView(self, self.task.spec, self.sides)
-
-    def close(self) -> None:
-        super().close()
-        self.key_stage.sided.close()
 
     def _sides(self) -> tuple[int, Mapping[bytes, list[bytes]]] | None:
         return self.batch, self.view.state()
