@@ -158,6 +158,15 @@ class BatchSideWorker:
             self._current = (batch, stack, worker)
         return StageRun(program, self._current[2], bundle_size, timers=timers)
 
+    def run_or_leased(self, program: StageProgram, bundle_size: int, timers: TimerBook | None,
+                      sides: tuple[int, Mapping[bytes, list[bytes]]] | None
+                      ) -> contextlib.AbstractContextManager[StageRun]:
+        """A run on this batch's worker when it reads side inputs (`sides`: the micro-batch and
+        their data), else on the process's leased worker (`leased_run`)."""
+        if sides is None:
+            return leased_run(program, bundle_size, timers)
+        return contextlib.nullcontext(self.run(program, bundle_size, timers, *sides))
+
     def close(self) -> None:
         """Tears the worker down."""
         if self._current is not None:

@@ -48,7 +48,7 @@ from sparkbeam.streaming.operators import (
 )
 from sparkbeam.streaming.plan import StreamingPlan, grouping_hold_label
 from sparkbeam.streaming.script import MAX_MICROS
-from sparkbeam.streaming.shell import ProcessorShell
+from sparkbeam.streaming.shell import Bindable, ProcessorShell
 from sparkbeam.streaming.sides import SideCompactor
 from sparkbeam.streaming.spark_streams import stream_reads
 from sparkbeam.streaming.spark_writes import flush_spark_writes, spark_stream_writes
@@ -122,8 +122,7 @@ def build_query_frame(spark: SparkSession, splan: StreamingPlan,
                                                 tag, settings.checkpoint_dir,
                                                 splan.holds_of([inp.buffer_id]),
                                                 label if label in splan.holding else None)
-                frame = _bucketed(frame, settings).transformWithState(
-                    ProcessorShell(processor), ROW_SCHEMA, "Append", "ProcessingTime")
+                frame = _keyed(frame, settings, processor)
             inputs.append(frame)
         if not inputs:
             continue  # nothing ever reaches this stage
@@ -213,53 +212,53 @@ def _bucketed(frame: DataFrame, settings: StreamingSettings) -> Any:
     return frame.withColumn("bucket", bucket.cast("int")).groupBy("bucket")
 
 
+def _keyed(frame: DataFrame, settings: StreamingSettings, processor: Bindable) -> DataFrame:
+    """`processor` over `frame` in `transformWithState`, the rows grouped as it keys its state
+    (buckets of Beam keys, or spread keys)."""
+    grouped = (_bucketed if processor.bucketed else _spread)(frame, settings)
+    return grouped.transformWithState(ProcessorShell(processor), ROW_SCHEMA, "Append",
+                                      "ProcessingTime")
+
+
+def _input_holds(stage: Stage, splan: StreamingPlan) -> tuple[str, ...]:
+    return splan.holds_of([i.buffer_id for i in stage.inputs])
+
+
 def _waiting_for_sides(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
                        settings: StreamingSettings) -> DataFrame:
     # Main-input elements wait for their side inputs in the state of a spread key.
-    return _spread(frame, settings).transformWithState(
-        ProcessorShell(SideInputStageProcessor(task, splan.sides[stage.label],
-                                               settings.checkpoint_dir)),
-        ROW_SCHEMA, "Append", "ProcessingTime")
+    return _keyed(frame, settings, SideInputStageProcessor(task, splan.sides[stage.label],
+                                                           settings.checkpoint_dir))
 
 
 def _splittable(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
                 settings: StreamingSettings) -> DataFrame:
     # Restrictions and their residuals live in the state of a spread key.
-    return _spread(frame, settings).transformWithState(
-        ProcessorShell(SplittableStageProcessor(
-            task, settings.checkpoint_dir, splan.holds_of([i.buffer_id for i in stage.inputs]))),
-        ROW_SCHEMA, "Append", "ProcessingTime")
+    return _keyed(frame, settings, SplittableStageProcessor(
+        task, settings.checkpoint_dir, _input_holds(stage, splan)))
 
 
 def _splittable_with_sides(frame: DataFrame, task: StageTask, stage: Stage,
                            splan: StreamingPlan, settings: StreamingSettings) -> DataFrame:
-    # Restrictions, their residuals and the elements waiting for side inputs live in the state
-    # of a spread key.
-    return _spread(frame, settings).transformWithState(
-        ProcessorShell(SplittableSideInputProcessor(
-            task, splan.sides[stage.label], settings.checkpoint_dir,
-            splan.holds_of([i.buffer_id for i in stage.inputs]))),
-        ROW_SCHEMA, "Append", "ProcessingTime")
+    # As `_splittable`; its restrictions read the side inputs (its elements waited for them
+    # in the stage before, which reads them too).
+    return _keyed(frame, settings, SplittableSideInputProcessor(
+        task, splan.sides[stage.label], settings.checkpoint_dir, _input_holds(stage, splan)))
 
 
 def _stateful(frame: DataFrame, task: StageTask, stage: Stage, splan: StreamingPlan,
               settings: StreamingSettings) -> DataFrame:
     # User state and timers: the stage runs per key in transformWithState.
-    return _bucketed(frame, settings).transformWithState(
-        ProcessorShell(StatefulStageProcessor(
-            task, settings.checkpoint_dir, splan.holds_of([i.buffer_id for i in stage.inputs]))),
-        ROW_SCHEMA, "Append", "ProcessingTime")
+    return _keyed(frame, settings, StatefulStageProcessor(
+        task, settings.checkpoint_dir, _input_holds(stage, splan)))
 
 
 def _stateful_with_sides(frame: DataFrame, task: StageTask, stage: Stage,
                          splan: StreamingPlan, settings: StreamingSettings) -> DataFrame:
     # User state and timers per key; main-input elements wait in the key's state for their
     # side inputs.
-    return _bucketed(frame, settings).transformWithState(
-        ProcessorShell(StatefulSideInputProcessor(
-            task, splan.sides[stage.label], settings.checkpoint_dir,
-            splan.holds_of([i.buffer_id for i in stage.inputs]))),
-        ROW_SCHEMA, "Append", "ProcessingTime")
+    return _keyed(frame, settings, StatefulSideInputProcessor(
+        task, splan.sides[stage.label], settings.checkpoint_dir, _input_holds(stage, splan)))
 
 
 # The operator of each (stage kind, reads side inputs): the rows of `plan.check`'s

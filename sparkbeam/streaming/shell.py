@@ -23,6 +23,10 @@ BLOB_STATE = ("beam", "entries binary")
 
 
 class Bindable(Protocol):
+    # Whether it keys its state by buckets of the rows' Beam keys, else by spread keys: the
+    # query groups its rows accordingly.
+    bucketed: bool
+
     def bind(self, handle: StatefulProcessorHandle, blob: Any) -> None: ...
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any  # noqa: N802, N803
                         ) -> Iterator[Any]: ...

@@ -27,7 +27,6 @@ partitions the budget held back.
 from __future__ import annotations
 
 import collections
-import contextlib
 import pickle
 from collections.abc import Mapping
 from typing import Any
@@ -37,7 +36,7 @@ from apache_beam.portability.api import beam_fn_api_pb2
 
 from sparkbeam.engine import context
 from sparkbeam.engine.program import OutRow, program_for
-from sparkbeam.engine.run import BatchSideWorker, StageRun, leased_run
+from sparkbeam.engine.run import BatchSideWorker, StageRun
 from sparkbeam.engine.task import TaskSpec
 from sparkbeam.metrics import merge_infos
 from sparkbeam.streaming.budget import THROTTLE_COUNTER, THROTTLE_NAMESPACE
@@ -93,10 +92,7 @@ class SplittableKey:
         work += [(n, element, MIN_MICROS) for n in sorted(inputs) for element in inputs[n]]
         left: list[Work] = []
         stopped = False
-        runs = (leased_run(self.program, self.spec.bundle_size) if sides is None
-                else contextlib.nullcontext(self.sided.run(self.program, self.spec.bundle_size,
-                                                           None, *sides)))
-        with runs as run:
+        with self.sided.run_or_leased(self.program, self.spec.bundle_size, None, sides) as run:
             try:
                 if budget is None:
                     out = self._run_all(run, work)

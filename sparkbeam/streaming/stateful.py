@@ -10,7 +10,6 @@ in, as Beam's DirectRunner does for one key.
 """
 from __future__ import annotations
 
-import contextlib
 import pickle
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from apache_beam.runners.portability.fn_api_runner.worker_handlers import StateServicer
 
 from sparkbeam.engine.program import OutRow, program_for
-from sparkbeam.engine.run import BatchSideWorker, leased_run
+from sparkbeam.engine.run import BatchSideWorker
 from sparkbeam.engine.task import TaskSpec
 from sparkbeam.engine.timers import Limits, Ordering, TimerBook
 from sparkbeam.metrics import merge_infos
@@ -65,10 +64,7 @@ class KeyStage:
         out: list[OutRow] = []
         book = TimerBook(self.program.timer_impls, self.program.timer_domains,
                          saved["timers"] if saved else None)
-        runs = (leased_run(self.program, self.spec.bundle_size, book) if sides is None
-                else contextlib.nullcontext(self.sided.run(self.program, self.spec.bundle_size,
-                                                           book, *sides)))
-        with runs as run:
+        with self.sided.run_or_leased(self.program, self.spec.bundle_size, book, sides) as run:
             worker = run.worker
             previous = worker.state.swap_user_state(load_user_state(saved))
             try:
