@@ -43,7 +43,7 @@ run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
 test: $(STAMP) $(KAFKA_STAMP) lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full and not slow" --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full and not slow" --durations=0 --durations-min=3 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/component

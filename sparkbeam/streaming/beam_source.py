@@ -9,6 +9,13 @@ drain marker exists, offsets stop advancing and carry the final watermark
 (`script.offset_for`). Every call returns a new offset (its `tick` grows), so batches
 keep coming while the query runs: keys holding Beam timers are woken each batch even when no
 data arrives.
+
+A job that follows the wall clock (it reads a live source: a splittable reader, a Spark stream)
+admits nothing from the script in its first micro-batch: Spark starts that batch's Python
+workers, our stages unpack their plans and the state stores open with no event waiting on them,
+so the first event read meets warm workers. (A Spark stream's own rows are Spark's source's to
+admit: they are not held.) A scripted job (TestStream, Impulse) has no arrival times to
+protect and admits its first event at once.
 """
 from __future__ import annotations
 
@@ -52,6 +59,9 @@ class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         self.splittable = splittable  # endpoints of splittable stages: one per spread key
         self.admission = BatchAdmission(budget) if budget is not None else None
         self.streams = streams  # Spark streams read beside the script (`spark_streams.py`)
+        # The planning process's first batch warms the query (module docstring); a restarted
+        # query starts cold again, so it warms again.
+        self._warming = not script.test_clock
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to run `read` on executors: they need the script only.
@@ -71,16 +81,31 @@ class BeamStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         begin = start.get("pos", {})
+        drained = bool(self.drain_marker) and os.path.exists(self.drain_marker)
+        if self._warming and not drained:
+            self._warming = False
+            return self._warm_up(start)
         positions = self.script.next_positions(begin)
         budgeted = None
         if self.admission is not None:
             positions, budgeted = self._budgeted(begin, positions, start.get("throttle", {}))
-        drained = bool(self.drain_marker) and os.path.exists(self.drain_marker)
         offset = offset_for(self.script, positions, start, _now_micros(),
                             int(start["tick"]) + 1, drained=drained,
                             streams=self._streams if self.streams else None)
         if budgeted is not None:
             offset.update(budgeted)
+        return offset
+
+    def _warm_up(self, start: dict) -> dict:
+        """A batch that reads nothing: the script's positions stay, splittable readers get no
+        share of a budget (a restarted job's residuals wait one batch), the clock moves."""
+        positions = {name: int(at) for name, at in start.get("pos", {}).items()}
+        offset = offset_for(self.script, positions, start, _now_micros(), int(start["tick"]) + 1,
+                            streams=self._streams if self.streams else None)
+        if self.admission is not None:
+            offset.update({"sdf": {name: [0, 0] for name in sorted(self.splittable)},
+                           "admitted": {"items": 0, "bytes": 0},
+                           "throttle": dict(start.get("throttle", {}))})
         return offset
 
     def _budgeted(self, begin: dict, ends: dict[str, int], throttle: dict[str, int]

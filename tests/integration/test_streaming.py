@@ -375,6 +375,54 @@ def test_periodic_impulse_runs_until_drained_and_holds_the_watermark(tmp_path) -
             1, True)
 
 
+class _SetUpIn(beam.DoFn):
+    """Writes the micro-batch its setup ran in (a bundle processor built), and tags each element
+    with the micro-batch that output it."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def setup(self) -> None:
+        path = os.path.join(self.directory, f"setup-{os.getpid()}-{time.time_ns()}")
+        with open(path, "w") as f:
+            f.write(_batch_id())
+
+    def process(self, tick: float):
+        yield float(tick), int(_batch_id())
+
+
+def _batch_id() -> str:
+    from pyspark import TaskContext
+
+    return TaskContext.get().getLocalProperty("streaming.sql.batchId")
+
+
+def test_a_live_read_starts_after_a_batch_that_warms_the_workers(tmp_path) -> None:
+    """A job on the wall clock (a PeriodicImpulse, three ticks already due) runs its first
+    micro-batch with nothing admitted: that batch starts the Python workers and builds the
+    stages' bundle processors (the user's DoFn.setup runs in it), and every tick is read and
+    output in a later batch, once."""
+    start = math.floor(time.time()) - 3
+    setups = tempfile.mkdtemp(prefix="sparkbeam-setup-")
+    directory = tempfile.mkdtemp(prefix="sparkbeam-stream-out-")
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    _ = (p | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 3, fire_interval=1)
+         | beam.ParDo(_SetUpIn(setups)) | beam.ParDo(WriteLines(directory)))
+    result = p.run()
+    assert result.wait_until_finish(120_000) == PipelineState.DONE
+    assert result.streaming_batches[0]["rows"] == 0, result.streaming_batches
+    set_up_in = []
+    for name in os.listdir(setups):
+        with open(os.path.join(setups, name)) as f:
+            set_up_in.append(int(f.read()))
+    assert 0 in set_up_in, set_up_in
+    outputs = sorted(eval(line) for line in read_lines(directory))  # noqa: S307 - ours
+    assert [tick - start for tick, _ in outputs] == [0.0, 1.0, 2.0], outputs
+    assert min(batch for _, batch in outputs) >= 1, outputs
+
+
 def test_updating_side_input_shows_its_latest_pane_from_the_batch_after_it(tmp_path) -> None:
     """The slowly-updating side input: a PeriodicImpulse in the global window with a repeated
     trigger, discarding, read as a list by another PeriodicImpulse. The main input does not

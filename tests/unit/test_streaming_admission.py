@@ -147,3 +147,59 @@ def test_splittable_spread_keys_share_what_the_script_leaves() -> None:
     assert runner_time(offsets[2]).budget_of("stage-001/1") == (4, 334)
     assert runner_time(offsets[2]).budget_of("stage-002/0") == (0, 0)  # not an endpoint
     assert runner_time({"wm0": 0, "wm": 0, "pt0": 0, "pt": 0}).budget_of("stage-001/0") is None
+
+
+def _live(script: Script) -> Script:
+    return Script(script.endpoints, test_clock=False)
+
+
+def test_a_job_on_the_wall_clock_admits_nothing_in_its_first_batch() -> None:
+    """Its first micro-batch reads no row and keeps every position, while its clock moves (a
+    new tick, the wall clock's processing time); the next batch reads what the first would
+    have. A scripted job (TestStream's clock) reads its first event at once."""
+    endpoints = (Endpoint("ts", (Item(rows=rows(0, 4)), Item(watermark=MAX_MICROS))),)
+    live = BeamStreamReader(_live(Script(endpoints)))
+    scripted = BeamStreamReader(Script(endpoints))
+    warm, first = run_batches(live)[:2]
+    assert warm[1] == [] and warm[0]["pos"] == {} and warm[0]["tick"] == 1
+    assert warm[0]["pt"] > 0 and warm[0]["wm"] == MIN_MICROS
+    assert first[1] == list(rows(0, 4)) and first[0]["tick"] == 2
+    assert run_batches(scripted)[0][1] == list(rows(0, 4))
+
+
+def test_the_warm_batch_gives_splittable_readers_no_share_of_a_budget() -> None:
+    """Under a work budget the first batch admits nothing and grants the splittable readers'
+    spread keys nothing (a restarted job's residuals wait one batch); the budget's shares start
+    with the next batch."""
+    endpoints = (Endpoint("ts", (Item(rows=rows(0, 4)), Item(watermark=MAX_MICROS))),)
+    reader = BeamStreamReader(_live(Script(endpoints)), budget=WorkBudget(10, 1000),
+                              splittable=("stage-001/0",))
+    warm = reader.latestOffset(reader.initialOffset(), None)
+    assert (warm["pos"], warm["admitted"]) == ({}, {"items": 0, "bytes": 0})
+    assert runner_time(warm).budget_of("stage-001/0") == (0, 0)
+    after = reader.latestOffset(warm, None)
+    assert after["admitted"]["items"] == 4 and runner_time(after).budget_of("stage-001/0") != (0, 0)
+
+
+def test_a_restarted_query_warms_again_from_its_last_offset() -> None:
+    """A new planning process (a restart) starts cold: its first batch admits nothing from
+    where the checkpoint left off."""
+    endpoints = (Endpoint("ts", (Item(rows=rows(0, 2)), Item(rows=rows(0, 2)),
+                                 Item(watermark=MAX_MICROS))),)
+    script = _live(Script(endpoints))
+    first = BeamStreamReader(script)
+    offset = first.latestOffset(first.latestOffset(first.initialOffset(), None), None)
+    assert offset["pos"] == {"ts": 2}
+    restarted = BeamStreamReader(script)
+    warm = restarted.latestOffset(offset, None)
+    assert warm["pos"] == {"ts": 2} and warm["tick"] == offset["tick"] + 1
+    assert restarted.latestOffset(warm, None)["pos"] == {"ts": 5}  # with the watermark after
+
+
+def test_a_job_drained_before_its_first_batch_drains_in_it(tmp_path) -> None:
+    endpoints = (Endpoint("ts", (Item(rows=rows(0, 2)),)),)
+    marker = tmp_path / "drain"
+    marker.write_text("")
+    reader = BeamStreamReader(_live(Script(endpoints)), drain_marker=str(marker))
+    first = reader.latestOffset(reader.initialOffset(), None)
+    assert first["drained"] and first["done"] and first["wm"] == MAX_MICROS
