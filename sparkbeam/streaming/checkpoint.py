@@ -97,6 +97,11 @@ class CheckpointLayout:
         return os.path.join(self.root, "holds", label)
 
     @property
+    def waiting_dir(self) -> str:
+        """Where tasks of batches past the end of input record keys that still wait."""
+        return os.path.join(self.root, "waiting")
+
+    @property
     def pipeline_record(self) -> str:
         return os.path.join(self.root, "sparkbeam-pipeline.json")
 
@@ -334,6 +339,24 @@ def write_hold(directory: str, batch: int, partition: int, hold: int) -> None:
     with open(temporary, "w", encoding="ascii") as f:
         f.write(str(hold))
     os.replace(temporary, final)
+
+
+def write_waiting(layout: CheckpointLayout, batch: int, partition: int) -> None:
+    """A keyed task of a batch past the end of input left a key waiting (a timer set while
+    firing, elements waiting for side inputs, residual restrictions): the job is not over."""
+    os.makedirs(layout.waiting_dir, exist_ok=True)
+    name = f"batch-{batch:010d}-part-{partition:05d}-{uuid.uuid4().hex}"
+    with open(os.path.join(layout.waiting_dir, name), "w", encoding="ascii") as f:
+        f.write("waiting")
+
+
+def anything_waiting(layout: CheckpointLayout, batch: int) -> bool:
+    """Whether any keyed task of `batch` recorded a key still waiting (`write_waiting`)."""
+    prefix = f"batch-{batch:010d}-"
+    try:
+        return any(n.startswith(prefix) for n in os.listdir(layout.waiting_dir))
+    except FileNotFoundError:
+        return False
 
 
 class FileHoldStore:

@@ -35,6 +35,7 @@ from sparkbeam.streaming.checkpoint import (
     SideStore,
     write_hold,
     write_side_file,
+    write_waiting,
 )
 from sparkbeam.streaming.gbk import dump_state, earliest_hold, grouper, load_state, pending_of
 from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, Pending, RunnerTime
@@ -109,6 +110,9 @@ class _KeyedProcessor:
         # what this task ran in its batch; holding stages write it at close.
         self.hold = MAX_MICROS
         self._ran: set[bytes] = set()  # keys run in this task's batch
+        # A batch past the end of input (`RunnerTime.done`) that left a key waiting: the
+        # driver must not end the job after it (`write_waiting`).
+        self._waits_at_end = False
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802
         return self._step(key[0], list(rows), timerValues, woken=False)
@@ -141,7 +145,7 @@ class _KeyedProcessor:
         now_ms = timer_values.getCurrentProcessingTimeInMs()
         batch, time = self.clock.at(now_ms)
         if batch != self.batch:
-            self.batch, self._ran = batch, set()
+            self.batch, self._ran, self._waits_at_end = batch, set(), False
         time = self._held(time)
         saved = self.blob.get()  # None when no key of the group has state
         entries = load_entries(saved[0] if saved is not None else None)
@@ -166,6 +170,8 @@ class _KeyedProcessor:
         waiting = [pending for _, pending in entries.values() if pending is not None]
         for pending in waiting:
             self.hold = min(self.hold, pending.hold)
+        if waiting and time.done:
+            self._waits_at_end = True
         if waiting and (woken or not armed):
             # Invariant: a group with a waiting key has one Spark timer set, expiring next
             # batch (an armed group's timer expires in this batch and is set again then).
@@ -194,7 +200,11 @@ class _KeyedProcessor:
                                   self.hold_store, batch)
 
     def close(self) -> None:
-        pass
+        """Every subclass's close ends here (a group not visited this batch has no key waiting:
+        one that had would have been woken by its timer)."""
+        if self._waits_at_end and self.batch >= 0:
+            tc = TaskContext.get()
+            write_waiting(self.layout, self.batch, tc.partitionId() if tc else 0)
 
     def _write_hold(self, label: str, hold: int) -> None:
         """A holding stage's task records its earliest hold for this batch (`sides.py`); the
@@ -225,6 +235,7 @@ class GroupByKeyProcessor(_KeyedProcessor):
         self.grouper = grouper(self.grouping, self.components)
 
     def close(self) -> None:
+        super().close()
         if self.hold_label is not None:
             # Keys with buffered windows have trigger timers, so they are woken every batch.
             self._write_hold(self.hold_label, self.hold)
@@ -257,6 +268,7 @@ class _PerKeyStageProcessor(_KeyedProcessor):
         raise NotImplementedError
 
     def close(self) -> None:
+        super().close()
         infos = self._take_infos()
         spec = self.task.spec
         if self.batch < 0 or not infos or not spec.metrics_address:
@@ -398,6 +410,7 @@ class SideInputStageProcessor(_KeyedProcessor):
         self.view = _SideView(self, self.task.spec, self.sides)
 
     def close(self) -> None:
+        super().close()
         self._write_hold(self.task.spec.stage.label, self.hold)
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime

@@ -33,6 +33,7 @@ from sparkbeam.streaming.checkpoint import (
     FileHoldStore,
     OffsetLogClock,
     SideStore,
+    anything_waiting,
     read_offset_entry,
 )
 from sparkbeam.streaming.operators import (
@@ -347,6 +348,16 @@ class StreamingQueryRun:
                 time.monotonic() < deadline):
             time.sleep(0.05)
 
+    def _wait_for_progress(self, batch: int, timeout_s: float) -> None:
+        """Spark reports a batch's progress after its commit: the last batch's is waited for,
+        so `streaming_batches` lists every batch the job ran."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            last = self.query.lastProgress
+            if last is not None and last.batchId >= batch:
+                return
+            time.sleep(0.02)
+
     def _flush_committed(self) -> None:
         """Writes out what the committed batches staged (the query has stopped)."""
         if self._writes or self._spark_writes:
@@ -386,10 +397,20 @@ class StreamingQueryRun:
         ):
             # Inputs exhausted (or drained) and no stage holds work back.
             self._final_batch = batch_id
-        if self._final_batch is not None and batch_id >= (
-            self._final_batch + self.settings.extra_batches
+        if self._final_batch is not None and (
+            batch_id >= self._final_batch + self.settings.extra_batches
+            or self._settled(batch_id)
         ):
             self._finished.set()
+
+    def _settled(self, batch: int) -> bool:
+        """Past the end of input, nothing can happen after `batch`: no key of any keyed stage
+        still waits (each batch past the end runs every waiting key at the final watermark,
+        and its outputs reach the stages downstream in the same batch). Jobs with holding
+        stages or side inputs keep their extra batches: what those release, or a side input
+        written in this batch, is seen only in the next."""
+        return (not self.splan.holding and not self.splan.sides
+                and not anything_waiting(self.layout, batch))
 
     def run(self, cancelled: threading.Event, drain: threading.Event | None = None) -> None:
         self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
@@ -432,6 +453,7 @@ class StreamingQueryRun:
             # is written now (a batch the stop interrupts stays staged for a resume).
             if self._writes or self._spark_writes:
                 self._wait_for_commit(self.batches - 1, timeout_s=30)
+            self._wait_for_progress(self.batches - 1, timeout_s=10)
             self.query.stop()
             self._flush_committed()
         except JobCancelledError:

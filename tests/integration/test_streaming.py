@@ -397,6 +397,27 @@ def _batch_id() -> str:
     return TaskContext.get().getLocalProperty("streaming.sql.batchId")
 
 
+def test_a_job_ends_with_the_batch_that_reaches_the_final_watermark_when_nothing_waits(
+        tmp_path) -> None:
+    """Two TestStream events with elements (the second followed by the watermark's end) into a
+    windowed GroupByKey, nothing holding: the job runs two micro-batches, no trailing one,
+    lists both, and outputs every window."""
+    directory = tempfile.mkdtemp(prefix="sparkbeam-stream-out-")
+    options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+                               "--parallelism=2"])
+    p = beam.Pipeline(runner=SparkRunner(), options=options)
+    _ = (p | TestStream().add_elements([window.TimestampedValue(("a", 1), 1),
+                                        window.TimestampedValue(("b", 2), 2)])
+         .advance_watermark_to(10).add_elements([window.TimestampedValue(("a", 3), 11)])
+         .advance_watermark_to_infinity()
+         | beam.WindowInto(window.FixedWindows(10)) | beam.GroupByKey()
+         | beam.MapTuple(lambda k, vs: (k, sorted(vs))) | beam.ParDo(WriteLines(directory)))
+    result = p.run()
+    assert result.wait_until_finish(120_000) == PipelineState.DONE
+    assert [b["batch"] for b in result.streaming_batches] == [0, 1], result.streaming_batches
+    assert sorted(read_lines(directory)) == ["('a', [1])", "('a', [3])", "('b', [2])"]
+
+
 def test_a_live_read_starts_after_a_batch_that_warms_the_workers(tmp_path) -> None:
     """A job on the wall clock (a PeriodicImpulse, three ticks already due) runs its first
     micro-batch with nothing admitted: that batch starts the Python workers and builds the

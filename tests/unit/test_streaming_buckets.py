@@ -8,6 +8,7 @@ from typing import Any
 from pyspark.sql import Row
 
 from sparkbeam.streaming.buckets import bucket_count, dump_entries, load_entries
+from sparkbeam.streaming.checkpoint import CheckpointLayout, anything_waiting
 from sparkbeam.streaming.operators import _KeyedProcessor
 from sparkbeam.streaming.script import EVERY_BATCH, MAX_MICROS, Pending, RunnerTime
 
@@ -71,6 +72,7 @@ class _Recorder(_KeyedProcessor):
         self.batch = -1
         self.hold = MAX_MICROS
         self._ran = set()
+        self._waits_at_end = False
 
     def _process(self, key: bytes, rows: list[Row], blob: bytes | None, time: RunnerTime
                  ) -> tuple[list[Row], bytes | None, Pending | None]:
@@ -133,3 +135,37 @@ def test_entries_round_trip_and_the_bucket_count_follows_the_partitions() -> Non
     assert load_entries(dump_entries(entries)) == entries
     assert load_entries(None) == {}
     assert bucket_count(2) == 2 * bucket_count(1) > 1
+
+
+class _EndsAt(_Clock):
+    """`_Clock`, with the input over (`RunnerTime.done`) from batch `end` on."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+    def at(self, now_ms: int) -> tuple[int, RunnerTime]:
+        b, time = super().at(now_ms)
+        return b, RunnerTime(time.watermark_before, time.watermark, time.processing_before,
+                             time.processing, done=b >= self.end)
+
+
+def test_a_task_past_the_end_of_input_that_leaves_a_key_waiting_tells_the_driver(tmp_path
+                                                                                  ) -> None:
+    """The driver ends a job at the first batch past the end of input after which no key
+    waits (`StreamingQueryRun._settled`): a task whose keys still wait then records it, and
+    only then."""
+    p = _Recorder({b"a": EVERY_BATCH, b"b": None})
+    p.layout = CheckpointLayout(str(tmp_path))
+    p.clock = _EndsAt(2)
+    list(p.handleInputRows((7,), iter(_rows((b"a", 1), (b"b", 2))), _Timer(1000)))
+    p.close()
+    assert not anything_waiting(p.layout, 1)  # a waits, but the input is not over
+    list(p.handleExpiredTimer((7,), _Timer(2000), None))
+    p.close()
+    assert anything_waiting(p.layout, 2)
+    p.waits[b"a"] = None
+    list(p.handleExpiredTimer((7,), _Timer(3000), None))
+    p.close()
+    assert not anything_waiting(p.layout, 3)
+    assert [(batch, key) for batch, key, _ in p.runs] == [(1, b"a"), (1, b"b"), (2, b"a"),
+                                                          (3, b"a")]
