@@ -55,7 +55,8 @@ test-conformance: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full" tests/conformance
 
 # The kill -9 restart test, the portable suite's wall-clock timer tests and the job server's
-# full load tests (20 concurrent first jobs x3, 100 sequential jobs' memory) (~16 min).
+# full load tests (20 concurrent first jobs x3, 100 sequential jobs' memory), partitions added to a
+# Kafka topic while a read runs, and the lost-executor cluster run (~18 min).
 test-slow: $(STAMP) $(KAFKA_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests
 

@@ -68,6 +68,7 @@ def test_spark_submit_runs_the_pipeline_on_the_submitted_cluster(
     assert json.loads(out.read_text()) == [["apple", 150], ["banana", 100], ["cherry", 50]]
 
 
+@pytest.mark.slow  # waits for Spark to notice the lost executor: wall-clock bound, ~50 s
 def test_losing_an_executor_mid_job_still_gives_the_right_output(
     standalone_master: str, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]

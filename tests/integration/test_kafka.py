@@ -257,6 +257,7 @@ def test_a_read_waits_through_a_broker_restart_without_loss(tmp_path) -> None:  
         broker.stop()
 
 
+@pytest.mark.slow  # waits for Beam's partition poll interval: wall-clock bound, ~26 s
 def test_partitions_added_while_running_are_read_from_their_first_record(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A 4-partition topic grows to 6 while the job runs (Beam's
     dynamic_read_poll_interval_seconds): the new partitions are found and read, nothing lost
