@@ -4,13 +4,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+# Every temporary file of the test run, in this process and in every process it starts (Spark's
+# Python workers, child drivers, the cluster's JVMs), goes under one directory removed when the
+# run ends: tests, Beam (each Pipeline makes a `beam-pipeline-temp` directory it never removes),
+# the runner's checkpoints and Spark's local directories of JVMs that are killed.
+_TMP_ROOT = tempfile.mkdtemp(prefix="sparkbeam-test-run-")
+os.environ["TMPDIR"] = _TMP_ROOT
+os.environ["SPARK_LOCAL_DIRS"] = _TMP_ROOT
+tempfile.tempdir = _TMP_ROOT
 
 _SESSION = []
 
@@ -51,6 +62,7 @@ def pytest_sessionfinish(session, exitstatus):
         _SESSION[0].stop()
     # py4j logs from a destructor at interpreter exit, after logging's handlers are closed.
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    shutil.rmtree(_TMP_ROOT, ignore_errors=True)
 
 
 @contextlib.contextmanager
