@@ -133,3 +133,44 @@ def test_a_keys_timers_survive_between_runs_in_the_book_it_keeps() -> None:
         run.worker.state.drop_user_state()
     assert FIRED == [("a", 7), ("a", 9)]
     assert not later.has_pending()
+
+
+def _write(key: str, tag: str, at: int | None) -> userstate.Timer:
+    """A timer write as Beam's `OutputTimer` makes it: set at `at`, or cleared (None)."""
+    stamp = None if at is None else Timestamp(at)
+    return userstate.Timer(user_key=key, dynamic_timer_tag=tag, windows=(GlobalWindow(),),
+                           clear_bit=at is None, fire_timestamp=stamp, hold_timestamp=stamp,
+                           paneinfo=None if at is None else WindowedValue(0, 0, ()).pane_info)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.lists(hs.lists(
+    # Few distinct writes, so that the same bytes often come twice or more in a row.
+    hs.tuples(hs.sampled_from(["a", "b", "ab"]), hs.sampled_from(["", "t"]),
+              hs.sampled_from([None, 0, 1, 7])), max_size=12), min_size=1, max_size=3))
+def test_collect_keeps_the_last_write_of_each_timer_as_decoding_every_write_does(chunks) -> None:  # type: ignore[no-untyped-def]
+    """`collect` skips a write that repeats the one before it undecoded; what it keeps is what
+    decoding every write keeps."""
+    from apache_beam.coders.coder_impl import create_OutputStream
+
+    from sparkbeam.engine.timers import TimerBook
+
+    (family, impl), = PROGRAM.timer_impls.items()
+    encoded = []
+    for writes in chunks:
+        out = create_OutputStream()
+        for write in writes:
+            impl.encode_to_stream(_write(*write), out, True)
+        encoded.append(out.get())
+    expected: dict = {}
+    for chunk in encoded:
+        for timer in impl.decode_all(chunk):
+            ident = (impl._key_coder_impl.encode_nested(timer.user_key),
+                     timer.dynamic_timer_tag, timer.windows[0])
+            if timer.clear_bit:
+                expected.pop(ident, None)
+            else:
+                expected[ident] = timer
+    book = TimerBook(PROGRAM.timer_impls, PROGRAM.timer_domains)
+    book.collect({family: encoded})
+    assert book.pending.get(family, {}) == expected
