@@ -11,11 +11,34 @@ keyed processor's `close` writes holds and metrics only for a batch it ran keys 
 """
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+# PySpark's process that calls a processor's `init` at a query's first batch.
+PLANNING_MODULE = "pyspark.sql.streaming.transform_with_state_driver_worker"
+
+
+def quiet_planning_process() -> None:
+    """In PySpark's planning process only (`PLANNING_MODULE` run as `__main__`), its standard
+    output goes nowhere from now on. That process prints five lines per operator ("Starting",
+    the UDF's repr, the state server's port, "Starting/Completed execution") to its stdout,
+    which Spark copies to the driver's stderr: a user saw them at the start of every streaming
+    job. Its protocol with the JVM is a socket, not stdout. The file descriptor is replaced, so
+    what was printed before Spark unpickled the shell (which loads this module), still in
+    stdout's buffer (a pipe's output is block-buffered), goes nowhere too."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == PLANNING_MODULE:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+quiet_planning_process()
 
 # The one Spark state variable of a keyed processor: its grouping key's entries, each key's Beam
 # state as a blob beside what it waits for (`buckets.py`).
