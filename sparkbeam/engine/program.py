@@ -25,6 +25,7 @@ from sparkbeam.plan.model import Grouping, Stage
 
 if TYPE_CHECKING:
     from sparkbeam.engine.direct import DirectProgram
+    from sparkbeam.engine.direct_stateful import StatefulProgram
     from sparkbeam.engine.keyed_columns import GlobalGrouping
 
 TRUNCATE_URN = common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
@@ -50,6 +51,7 @@ class StageProgram:
     column_groupings: Mapping[int, GlobalGrouping] | None
     pcoll_to_input: Mapping[str, str]  # PCollection read in the stage -> its data input
     direct: DirectProgram | None = None  # batch: its functions called without the SDK
+    stateful: StatefulProgram | None = None  # batch: its stateful DoFn, without the SDK
 
     def route(self, app: beam_fn_api_pb2.BundleApplication) -> int:
         """The stage input a residual or primary root is fed back through."""
@@ -117,6 +119,7 @@ def build_program(stage: Stage, components: bytes, groupings: Mapping[bytes, Gro
         pcoll_to_input=pcoll_to_input,
         column_groupings=_column_groupings(stage, groupings, ctx),
         direct=_direct(stage, components),
+        stateful=_stateful(stage, components),
     )
 
 
@@ -139,6 +142,13 @@ def _direct(stage: Stage, components: bytes) -> DirectProgram | None:
     return DirectProgram(stage, components) if stage.direct is not None else None
 
 
+def _stateful(stage: Stage, components: bytes) -> StatefulProgram | None:
+    # Imported here, as `_direct`.
+    from sparkbeam.engine.direct_stateful import StatefulProgram
+
+    return StatefulProgram(stage, components) if stage.direct_stateful is not None else None
+
+
 _PROGRAMS: collections.OrderedDict[tuple[str, str, frozenset[bytes], Any], StageProgram] = (
     collections.OrderedDict())
 _LOCK = threading.Lock()
@@ -153,7 +163,7 @@ def program_for(stage: Stage, components: bytes, groupings: Mapping[bytes, Group
     digest.update(components)
     grouped = frozenset(i.buffer_id for i in stage.inputs if i.buffer_id in groupings)
     # The direct chain too: a stage with and without one (the tests' two paths) differ.
-    key = (stage.label, digest.hexdigest(), grouped, stage.direct)
+    key = (stage.label, digest.hexdigest(), grouped, (stage.direct, stage.direct_stateful))
     with _LOCK:
         found = _PROGRAMS.get(key)
         if found is not None:

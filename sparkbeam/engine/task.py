@@ -28,6 +28,7 @@ from sparkbeam.control.worker import Worker
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import ArrowRows, Columns, rows_of
 from sparkbeam.engine.direct import DirectRun
+from sparkbeam.engine.direct_stateful import StatefulRun
 from sparkbeam.engine.keyed_columns import keyed_column_bundles
 from sparkbeam.engine.bundles import Bundle, Row, column_bundles, keyed_bundles, plain_bundles
 from sparkbeam.engine.program import Chunks, OutRow, program_for
@@ -120,7 +121,11 @@ def _run_leased(
     try:
         splitter = (_splitter(spec, run, attempt)
                     if spec.rebalance_address and stage.kind is StageKind.SPLITTABLE else None)
-        if stage.kind.keyed and program.column_groupings and isinstance(rows, ArrowRows):
+        bundles: Iterator[Bundle]
+        if program.stateful is not None:
+            yield from _run_direct_stateful(spec, run, rows)
+            bundles = iter(())
+        elif stage.kind.keyed and program.column_groupings and isinstance(rows, ArrowRows):
             bundles = keyed_column_bundles(rows.batches, spec.bundle_size, spec.bundle_bytes,
                                            program.column_groupings)
         elif stage.kind.keyed:
@@ -198,6 +203,24 @@ def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows,
         yield from direct.run(rows.columns(), general)
     finally:
         run.infos.extend(direct.infos)
+
+
+def _run_direct_stateful(spec: TaskSpec, run: StageRun, rows: Iterable[Row]
+                         ) -> Iterator[OutRow]:
+    """The stage's stateful DoFn called directly (`engine/direct_stateful.py`); the bundle
+    processor takes over from the first key it cannot run as Beam would."""
+    assert run.program.stateful is not None
+    stateful = StatefulRun(run.program.stateful)
+
+    def general(rest: Iterable[Row]) -> Iterator[OutRow]:
+        for bundle in keyed_bundles(rest, spec.bundle_size, spec.bundle_bytes,
+                                    run.program.groupers):
+            yield from _run_bundle(run, bundle, None)
+
+    try:
+        yield from stateful.run(rows, general)
+    finally:
+        run.infos.extend(stateful.infos)
 
 
 def _run_bundle(run: StageRun, bundle: Bundle, splitter: TaskSplitter | None

@@ -16,6 +16,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.plan.direct_paths import with_direct_chains
+from sparkbeam.plan.direct_stateful import with_direct_stateful
 from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.plan.grouping_paths import grouping_decisions, unlifted_decisions
 from sparkbeam.plan.model import Plan
@@ -72,6 +73,8 @@ def plan_batch(
     direct: tuple[str, ...] = ()
     if native:  # else Beam's bundle processor runs every stage
         plan, direct = with_direct_chains(plan)
+        plan, stateful = with_direct_stateful(plan)
+        direct += stateful
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions)

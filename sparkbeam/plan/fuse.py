@@ -26,6 +26,7 @@ from apache_beam.utils import proto_utils
 
 from sparkbeam import urns
 from sparkbeam.errors import PlanningError
+from sparkbeam.plan.direct_stateful import consumers_as_roots
 from sparkbeam.plan.grouping_paths import groups_by_window, lift_combiners_unless_merging
 from sparkbeam.plan.model import (
     IMPULSE_BUFFER,
@@ -82,9 +83,11 @@ def _consumers_of_sdfs_as_roots(
         yield stage
 
 
-# Batch: combiners over merging windows stay unlifted (`grouping_paths.py`).
+# Batch: combiners over merging windows stay unlifted (`grouping_paths.py`); a stateful DoFn
+# that runs directly keeps its stage to itself (`direct_stateful.py`).
 PHASES = [lift_combiners_unless_merging if phase is translations.lift_combiners else phase
           for phase in BEAM_PHASES]
+PHASES.insert(PHASES.index(translations.greedily_fuse), consumers_as_roots)
 STREAMING_PHASES = [
     *BEAM_PHASES[:BEAM_PHASES.index(translations.greedily_fuse)],
     _consumers_of_sdfs_as_roots,

@@ -131,6 +131,8 @@ class Stage:
     environment_id: str = ""  # the SDK environment its transforms run in
     environment: bytes = b""  # that Environment, serialized (tasks pick their worker by it)
     direct: DirectChain | None = None  # batch: its functions called without the SDK's harness
+    # Batch: the stateful ParDo (transform id) called without the SDK's harness.
+    direct_stateful: str | None = None
 
     @property
     def display(self) -> str:
