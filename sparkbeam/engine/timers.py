@@ -7,9 +7,10 @@
 - `take_due(limits, ordering)` is one round: per user key, the timers that fire first among
   those the limits allow (event-time timers at or before `limits.event`, processing-time ones
   at or before `limits.processing`). Batch finishes a key with every limit at the end of time
-  and fires its event-time timers before its processing-time ones (`EVENT_TIME_FIRST`, as
-  FnApiRunner does); streaming fires a key's earliest timer first whatever its domain
-  (`BY_TIME`, as the DirectRunner does).
+  and fires its event-time timers before its processing-time ones (`EVENT_TIME_FIRST`; Beam
+  leaves the order between domains open, and FnApiRunner fired a processing-time timer first
+  in a differential test on 2026-11-26); streaming fires a key's earliest timer first whatever
+  its domain (`BY_TIME`, as the DirectRunner does).
 - Firing may set timers again; the caller runs each round's bundles and collects what they
   wrote before the next round. A loop that keeps re-arming ends after `MAX_TIMER_ROUNDS` with
   `TimerLoopError` naming the stage (every timer loop uses `timer_rounds`, the trigger
