@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,6 +38,7 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import combiners, core
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.counters import CounterFactory
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine import context
@@ -266,6 +268,10 @@ class DirectRun:
             rows = self._encode_shared(values, wvs[0])
             if rows is not None:
                 return rows
+        elif src is not None and values:
+            rows = self._encode_stamped(values, src, wvs)
+            if rows is not None:
+                return rows
         if src is None:
             wrapped = [wvs[0].with_value(v) for v in values]
         else:
@@ -306,6 +312,44 @@ class DirectRun:
                 append((0, k, header + k + value_of(v[1])))
             else:  # a list, or a wrong length: Beam's TupleCoder says what it makes of it
                 append((0, key_of(v[0]), header + value_impl.encode_nested(v)))
+        return rows
+
+    def _encode_stamped(self, values: list[Any], src: list[int], wvs: list[WindowedValue]
+                        ) -> list[OutRow] | None:
+        """`_encode` of (key, value) pairs whose windowed values share the first's one window
+        (the same object, as `_stamped` gives every result in the global window) and pane but
+        not their timestamps (a Map returning `TimestampedValue`s): each element is its
+        timestamp's 8 bytes (`timestamp_bytes`), the rest of the first's header, the key's
+        bytes (encoded once, for the key column too) and the value's. None when the layout
+        is not that (checked on the first element against Beam's encoding) or an element
+        differs."""
+        program = self.program
+        if program.kv_impls is None or program.value_impl is None:
+            return None
+        first = wvs[src[0]]
+        windows, pane = first.windows, first.pane_info
+        if len(windows) != 1 or type(values[0]) is not tuple or len(values[0]) != 2:
+            return None
+        whole = program.out_impl.encode_nested(first.with_value(values[0]))
+        tail = program.value_impl.encode_nested(values[0])
+        if not whole.endswith(tail):
+            return None
+        header = whole[:len(whole) - len(tail)]
+        if header[:8] != timestamp_bytes(first.timestamp_micros):
+            return None
+        rest = header[8:]
+        window = windows[0]
+        key_of, value_of = (impl.encode_nested for impl in program.kv_impls)
+        rows: list[OutRow] = []
+        append = rows.append
+        for i, v in zip(src, values, strict=True):
+            wv = wvs[i]
+            ws = wv.windows
+            if (wv.pane_info is not pane or len(ws) != 1 or ws[0] is not window
+                    or type(v) is not tuple or len(v) != 2):
+                return None
+            k = key_of(v[0])
+            append((0, k, timestamp_bytes(wv.timestamp_micros) + rest + k + value_of(v[1])))
         return rows
 
     def _combine(self, values: list[Any]) -> list[OutRow]:
@@ -414,6 +458,19 @@ class DirectRun:
         return [monitoring_infos.int64_counter(monitoring_infos.ELEMENT_COUNT_URN, count,
                                                pcollection=pcoll)
                 for pcoll, count in counted if count]
+
+
+_PACK_U64 = struct.Struct(">Q").pack
+_MIN_MICROS = MIN_TIMESTAMP.micros
+
+
+def timestamp_bytes(micros: int) -> bytes:
+    """The first 8 bytes of Beam's `WindowedValueCoderImpl` encoding of an element at `micros`:
+    milliseconds rounded toward zero, at least the minimum timestamp's, shifted by 2**63, big
+    endian (what its `encode_to_stream` writes)."""
+    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
+    millis = -(-clamped // 1000) if clamped < 0 else clamped // 1000
+    return _PACK_U64(millis + (1 << 63))
 
 
 def text_lines(col: Columns, prefix: bytes) -> list[str] | None:

@@ -112,11 +112,13 @@ def _stamped(window_fn: Any, out: list[Any], src: list[int] | None, wvs: list[Wi
     as its element had windows), at the default pane; other results keep their element's."""
     values: list[Any] = []
     value_src: list[int] = []
+    global_fn = type(window_fn) is GlobalWindows  # no AssignContext to make (`_assigned`)
     for k, result in enumerate(out):
         at = 0 if src is None else src[k]
         if isinstance(result, TimestampedValue):
-            windowed = WindowedValue(result.value, result.timestamp, _assigned(
-                window_fn, WindowFn.AssignContext(result.timestamp, result.value)))
+            windows: Any = ([_GLOBAL_WINDOW] if global_fn else window_fn.assign(
+                WindowFn.AssignContext(result.timestamp, result.value)))
+            windowed = WindowedValue(result.value, result.timestamp, windows)
             if len(wvs[at].windows) != 1:
                 windowed.windows *= len(wvs[at].windows)
             wvs.append(windowed)

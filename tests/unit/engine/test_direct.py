@@ -11,6 +11,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.internal import pickler
 from apache_beam.transforms import window
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 import pyarrow as pa
 from hypothesis import given, settings
@@ -288,4 +289,65 @@ def test_side_inputs_in_the_global_window_equal_the_bundle_processors(
     prefix = next(iter(plan.text_reads.values())).prefix
     encoded = [prefix + varint(len(w.encode())) + w.encode() for w in words]
     direct, beams = _both_paths(plan, stage, [_batch(encoded)], state)
+    assert direct == beams
+
+
+@settings(max_examples=300, deadline=None)
+@given(micros=st.integers(-(2**63), 2**63 - 1) | st.integers(-3000, 3000)
+       | st.sampled_from([MIN_TIMESTAMP.micros, MAX_TIMESTAMP.micros, -1, -999, -1000, -1001]))
+def test_timestamp_bytes_are_beams(micros: int) -> None:
+    """The 8 bytes `_encode_stamped` puts before each element's header: Beam's own."""
+    from apache_beam.coders import coders
+    from apache_beam.utils import windowed_value
+
+    from sparkbeam.engine.direct import timestamp_bytes
+
+    impl = coders.WindowedValueCoder(coders.VarIntCoder()).get_impl()
+    wv = windowed_value.create(1, micros, (window.GlobalWindow(),))
+    assert timestamp_bytes(micros) == impl.encode_nested(wv)[:8]
+
+
+class _Keep(beam.DoFn):
+    """A stateful DoFn: its input is a keyed buffer, so the direct stage before it writes each
+    element's key beside it."""
+
+    SEEN = beam.transforms.userstate.BagStateSpec("seen", beam.coders.VarIntCoder())
+
+    def process(self, kv, seen=beam.DoFn.StateParam(SEEN)):  # type: ignore[no-untyped-def]
+        seen.add(kv[1])
+        yield kv
+
+
+@functools.cache
+def _keyed_stamping_plan():  # type: ignore[no-untyped-def]
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "in.txt")
+    with open(path, "w") as f:
+        f.write("1,2,3\n")
+
+    def stamp(line: str) -> object:
+        key, at, value = line.split(",")
+        return window.TimestampedValue((int(key), int(value)), Timestamp(micros=int(at)))
+
+    p = beam.Pipeline()
+    _ = (p | beam.io.ReadFromText(path)
+         | "Stamp" >> beam.Map(stamp).with_output_types(tuple[int, int])
+         | "Keep" >> beam.ParDo(_Keep()))
+    plan = plan_batch(p.to_runner_api())
+    stage = next(s for s in plan.stages if s.direct is not None)
+    return plan, stage, next(iter(plan.text_reads.values())).prefix
+
+
+@settings(max_examples=60, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(-5, 5), st.integers(-(10**12), 10**12)
+                                 | st.sampled_from([-1, -999, -1001, 0, 999, 1001]),
+                                 st.integers(0, 2**40)), min_size=1, max_size=40))
+def test_timestamped_keyed_results_are_the_bundle_processors(events) -> None:  # type: ignore[no-untyped-def]
+    """Keyed results at timestamps of their own (each element's 8 timestamp bytes before the
+    shared rest of its header): byte for byte the bundle processor's rows."""
+    plan, stage, prefix = _keyed_stamping_plan()
+    assert stage.outputs[0].key_coder_id
+    lines = [f"{k},{at},{v}".encode() for k, at, v in events]
+    direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
+                                                      for s in lines])])
     assert direct == beams
