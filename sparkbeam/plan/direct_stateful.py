@@ -15,13 +15,12 @@ input in the global window under the default trigger (so state and timers are a 
 in one window), one output, no side inputs, no splitting, no bundle finalization or
 time-sorted input, no batched `process_batch`, and no `start_bundle`/`finish_bundle` of its
 own (the general path's bundles span many keys; here there are none to mirror). Such a
-ParDo's consumers are not fused into its stage (`consumers_as_roots`, a fusion phase), so the
+ParDo's consumers are not fused into its stage (`runs_directly`, asked by a fusion phase), so the
 stage holds the ParDo alone; the rest of the pipeline fuses as before.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Any
 
 from apache_beam.portability import common_urns
@@ -79,32 +78,14 @@ def stateful_problem(transform: beam_runner_api_pb2.PTransform,
     return ""
 
 
-def consumers_as_roots(stages: Iterable[Any], context: Any) -> Iterable[Any]:
-    """A fusion phase: the stages reading a direct stateful ParDo's output are not fused into
-    its stage (Beam's `forced_root`), which then holds that ParDo alone."""
-    stages = list(stages)
-    pcolls = context.components.pcollections
-    strategies = context.components.windowing_strategies
-
-    def windowing_of(pcoll: str) -> Any:
-        return strategies[pcolls[pcoll].windowing_strategy_id]
-
-    outputs = {
-        pcoll
-        for stage in stages
-        for t in stage.transforms
-        if t.spec.urn == _PAR_DO and _stateful(t) and not stateful_problem(t, windowing_of)
-        for pcoll in t.outputs.values()
-    }
-    for stage in stages:
-        if any(pcoll in outputs for t in stage.transforms for pcoll in t.inputs.values()):
-            stage.forced_root = True
-        yield stage
-
-
-def _stateful(transform: beam_runner_api_pb2.PTransform) -> bool:
+def runs_directly(transform: beam_runner_api_pb2.PTransform, windowing_of: Any) -> bool:
+    """Whether `transform` is a stateful ParDo that runs directly (what the fusion phase that
+    gives it a stage of its own asks, `plan/fuse.py`)."""
+    if transform.spec.urn != _PAR_DO:
+        return False
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
-    return bool(payload.state_specs or payload.timer_family_specs)
+    return bool(payload.state_specs or payload.timer_family_specs) and not stateful_problem(
+        transform, windowing_of)
 
 
 def direct_stateful(stage: Stage) -> tuple[str | None, str]:

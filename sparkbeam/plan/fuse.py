@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from apache_beam.portability.api import (
@@ -26,7 +26,7 @@ from apache_beam.utils import proto_utils
 
 from sparkbeam import urns
 from sparkbeam.errors import PlanningError
-from sparkbeam.plan.direct_stateful import consumers_as_roots
+from sparkbeam.plan.direct_stateful import runs_directly
 from sparkbeam.plan.grouping_paths import groups_by_window, lift_combiners_unless_merging
 from sparkbeam.plan.model import (
     IMPULSE_BUFFER,
@@ -65,16 +65,16 @@ BEAM_PHASES = [
 ]
 
 
-def _consumers_of_sdfs_as_roots(
-    stages: Iterable[translations.Stage], context: Any
-) -> Iterable[translations.Stage]:
-    """Stages reading what a splittable DoFn's Process outputs are not fused into it."""
-    stages = list(stages)
+def _consumers_as_roots(stages: list[translations.Stage],
+                        producer: Callable[[beam_runner_api_pb2.PTransform], bool]
+                        ) -> Iterable[translations.Stage]:
+    """`stages`, those reading an output of a transform `producer` picks not fused into its
+    stage (Beam's `forced_root`)."""
     outputs = {
         pcoll
         for stage in stages
         for t in stage.transforms
-        if t.spec.urn == urns.SPLITTABLE_PROCESS
+        if producer(t)
         for pcoll in t.outputs.values()
     }
     for stage in stages:
@@ -83,11 +83,30 @@ def _consumers_of_sdfs_as_roots(
         yield stage
 
 
+def _consumers_of_sdfs_as_roots(
+    stages: Iterable[translations.Stage], context: Any
+) -> Iterable[translations.Stage]:
+    """Stages reading what a splittable DoFn's Process outputs are not fused into it."""
+    return _consumers_as_roots(list(stages), lambda t: t.spec.urn == urns.SPLITTABLE_PROCESS)
+
+
+def _consumers_of_direct_stateful_as_roots(
+    stages: Iterable[translations.Stage], context: Any
+) -> Iterable[translations.Stage]:
+    """Stages reading what a stateful ParDo that runs directly outputs are not fused into its
+    stage, which then holds that ParDo alone (`direct_stateful.py`)."""
+    pcolls = context.components.pcollections
+    strategies = context.components.windowing_strategies
+    return _consumers_as_roots(list(stages), lambda t: runs_directly(
+        t, lambda pcoll: strategies[pcolls[pcoll].windowing_strategy_id]))
+
+
 # Batch: combiners over merging windows stay unlifted (`grouping_paths.py`); a stateful DoFn
 # that runs directly keeps its stage to itself (`direct_stateful.py`).
 PHASES = [lift_combiners_unless_merging if phase is translations.lift_combiners else phase
           for phase in BEAM_PHASES]
-PHASES.insert(PHASES.index(translations.greedily_fuse), consumers_as_roots)
+PHASES.insert(PHASES.index(translations.greedily_fuse),
+              _consumers_of_direct_stateful_as_roots)
 STREAMING_PHASES = [
     *BEAM_PHASES[:BEAM_PHASES.index(translations.greedily_fuse)],
     _consumers_of_sdfs_as_roots,
