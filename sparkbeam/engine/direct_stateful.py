@@ -183,9 +183,8 @@ class _Context(userstate.UserStateContext):
     def get_timer(self, timer_spec: Any, key: Any, window: Any, timestamp: Any,
                   pane: Any) -> _Timer:
         assert self.keyed is not None
-        family = (self._program.transform_id, timer_spec.name)
-        return _Timer(self.keyed, family, window, timestamp, pane,
-                      TimeDomain.is_event_time(timer_spec.time_domain))
+        family, event_time = self._program.timer_families[timer_spec.name]
+        return _Timer(self.keyed, family, window, timestamp, pane, event_time)
 
     def get_state(self, state_spec: Any, key: Any, window: Any) -> Any:
         assert self.keyed is not None
@@ -229,10 +228,11 @@ class StatefulProgram:
         if windowing is None:  # as Beam's bundle processor: the input's windowing
             windowing = ctx.windowing_strategies.get_by_id(
                 descriptor.pcollections[self.in_pcoll].windowing_strategy_id)
-        self.dofn = dofn
         state_specs, timer_specs = userstate.get_dofn_specs(dofn)
-        self.state_specs = {s.name: s for s in state_specs}
         self.timer_specs = {(tid, t.name): t for t in timer_specs}
+        # Per timer name: its family and whether it is in event time (asked at every set).
+        self.timer_families = {t.name: ((tid, t.name), TimeDomain.is_event_time(t.time_domain))
+                               for t in timer_specs}
         payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
         self.domains = {(tid, name): spec.time_domain
                         for name, spec in payload.timer_family_specs.items()}
