@@ -112,13 +112,11 @@ def _stamped(window_fn: Any, out: list[Any], src: list[int] | None, wvs: list[Wi
     as its element had windows), at the default pane; other results keep their element's."""
     values: list[Any] = []
     value_src: list[int] = []
-    global_fn = type(window_fn) is GlobalWindows  # no AssignContext to make (`_assigned`)
     for k, result in enumerate(out):
         at = 0 if src is None else src[k]
         if isinstance(result, TimestampedValue):
-            windows: Any = ([_GLOBAL_WINDOW] if global_fn else window_fn.assign(
-                WindowFn.AssignContext(result.timestamp, result.value)))
-            windowed = WindowedValue(result.value, result.timestamp, windows)
+            windowed = WindowedValue(result.value, result.timestamp,
+                                     _assigned(window_fn, result.timestamp, result.value))
             if len(wvs[at].windows) != 1:
                 windowed.windows *= len(wvs[at].windows)
             wvs.append(windowed)
@@ -140,19 +138,20 @@ def _window_into(window_fn: Any, values: list[Any], src: list[int] | None,
         if len(wv.windows) != 1:
             raise Fallback()
         timestamp = wv.timestamp
-        wvs.append(WindowedValue(value, timestamp, _assigned(window_fn, WindowFn.AssignContext(
-            timestamp, element=value, window=wv.windows[0]))))
+        wvs.append(WindowedValue(value, timestamp,
+                                 _assigned(window_fn, timestamp, value, wv.windows[0])))
         value_src.append(len(wvs) - 1)
     return values, value_src
 
 
-def _assigned(window_fn: Any, context: Any) -> Any:
-    """`window_fn.assign(context)`; Beam's own GlobalWindows assigns `[GlobalWindow()]`,
-    its singleton, whose __init__ reads a constant from a proto enum each time (~1.5 µs, as
-    much as the rest of a step): the same object, taken once."""
+def _assigned(window_fn: Any, timestamp: Any, element: Any, window: Any = None) -> Any:
+    """`window_fn.assign` of an `AssignContext(timestamp, element, window)`. Beam's own
+    GlobalWindows assigns `[GlobalWindow()]`, its singleton, whose __init__ reads a constant
+    from a proto enum each time (~1.5 µs, as much as the rest of a step): the same object,
+    taken once, and no context made for it."""
     if type(window_fn) is GlobalWindows:
         return [_GLOBAL_WINDOW]
-    return window_fn.assign(context)
+    return window_fn.assign(WindowFn.AssignContext(timestamp, element=element, window=window))
 
 
 def _call(step: Step, values: list[Any], src: list[int] | None
