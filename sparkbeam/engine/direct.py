@@ -289,13 +289,9 @@ class DirectRun:
         the header cannot be told apart."""
         program = self.program
         value_impl = program.value_impl
-        if value_impl is None:
+        header = self._header(wv, values[0])
+        if value_impl is None or header is None:
             return None
-        whole = program.out_impl.encode_nested(wv.with_value(values[0]))
-        tail = value_impl.encode_nested(values[0])
-        if not whole.endswith(tail):
-            return None
-        header = whole[:len(whole) - len(tail)]
         if program.key_impl is None:
             encode = value_impl.encode_nested
             return [(0, None, header + encode(v)) for v in values]
@@ -314,6 +310,17 @@ class DirectRun:
                 append((0, key_of(v[0]), header + value_impl.encode_nested(v)))
         return rows
 
+    def _header(self, wv: WindowedValue, value: Any) -> bytes | None:
+        """The bytes Beam's output coder writes before `value`'s own in `wv` (its timestamp,
+        windows and pane), found by encoding the value both ways; None when they cannot be told
+        apart or the output coder is not a windowed value's."""
+        value_impl = self.program.value_impl
+        if value_impl is None:
+            return None
+        whole = self.program.out_impl.encode_nested(wv.with_value(value))
+        tail = value_impl.encode_nested(value)
+        return whole[:len(whole) - len(tail)] if whole.endswith(tail) else None
+
     def _encode_stamped(self, values: list[Any], src: list[int], wvs: list[WindowedValue]
                         ) -> list[OutRow] | None:
         """`_encode` of (key, value) pairs whose windowed values share the first's one window
@@ -330,12 +337,8 @@ class DirectRun:
         windows, pane = first.windows, first.pane_info
         if len(windows) != 1 or type(values[0]) is not tuple or len(values[0]) != 2:
             return None
-        whole = program.out_impl.encode_nested(first.with_value(values[0]))
-        tail = program.value_impl.encode_nested(values[0])
-        if not whole.endswith(tail):
-            return None
-        header = whole[:len(whole) - len(tail)]
-        if header[:8] != timestamp_bytes(first.timestamp_micros):
+        header = self._header(first, values[0])
+        if header is None or header[:8] != timestamp_bytes(first.timestamp_micros):
             return None
         rest = header[8:]
         window = windows[0]

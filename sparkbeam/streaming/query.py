@@ -343,20 +343,16 @@ class StreamingQueryRun:
                            if splan.sides else None)
 
     def _wait_for_commit(self, batch: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not os.path.exists(self.layout.commit_file(batch)) and (
-                time.monotonic() < deadline):
-            time.sleep(0.05)
+        _wait_until(lambda: os.path.exists(self.layout.commit_file(batch)), timeout_s, 0.05)
 
     def _wait_for_progress(self, batch: int, timeout_s: float) -> None:
         """Spark reports a batch's progress after its commit: the last batch's is waited for,
         so `streaming_batches` lists every batch the job ran."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def reported() -> bool:
             last = self.query.lastProgress
-            if last is not None and last.batchId >= batch:
-                return
-            time.sleep(0.02)
+            return last is not None and last.batchId >= batch
+
+        _wait_until(reported, timeout_s, 0.02)
 
     def _flush_committed(self) -> None:
         """Writes out what the committed batches staged (the query has stopped)."""
@@ -487,3 +483,9 @@ class _suppress:  # noqa: N801 - used as a statement
             _LOG.warning("stopping the streaming query: %s", exc[1])
         return True
 
+
+def _wait_until(done: Callable[[], bool], timeout_s: float, interval_s: float) -> None:
+    """Polls `done` every `interval_s` until it holds or `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(interval_s)

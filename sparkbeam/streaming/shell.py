@@ -25,12 +25,12 @@ PLANNING_MODULE = "pyspark.sql.streaming.transform_with_state_driver_worker"
 
 def quiet_planning_process() -> None:
     """In PySpark's planning process only (`PLANNING_MODULE` run as `__main__`), its standard
-    output goes nowhere from now on. That process prints five lines per operator ("Starting",
-    the UDF's repr, the state server's port, "Starting/Completed execution") to its stdout,
-    which Spark copies to the driver's stderr: a user saw them at the start of every streaming
-    job. Its protocol with the JVM is a socket, not stdout. The file descriptor is replaced, so
-    what was printed before Spark unpickled the shell (which loads this module), still in
-    stdout's buffer (a pipe's output is block-buffered), goes nowhere too."""
+    output goes nowhere from now on. That process prints to its stdout, which Spark copies to
+    the driver's stderr, the UDF's repr, the state server's port and "Starting/Completed
+    execution" per operator: a user saw them at the start of every streaming job. Its protocol
+    with the JVM is a socket, not stdout, so the file descriptor itself is replaced. Its first
+    line ("Starting ... Python worker.") is printed, unbuffered, before Spark unpickles the
+    shell (which loads this module), and stays."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name == PLANNING_MODULE:
         devnull = os.open(os.devnull, os.O_WRONLY)
