@@ -22,7 +22,6 @@ from tests.integration.conftest import run_and_collect, run_and_collect_with_res
 from tests.support.stateful_dofns import DOFNS, BagUntilTimer
 
 SHAPES = {"default": [], "one-per-bundle": ["--bundle_size=1", "--parallelism=1"]}
-DIRECT = "stateful DoFn called directly"
 
 
 _KEY = st.sampled_from(["a", "b", "é☃", "", "k" * 40])
