@@ -95,11 +95,17 @@ class SparkBeamRunner(BeamRunner):
     ``SparkSession.builder.getOrCreate()``)."""
 
     def __init__(self, flags: tuple[str, ...] = ()) -> None:
+        from sparkbeam.execute.class_archive import driver_java_options
         from sparkbeam.execute.session import session_config
 
         # The session sparkbeam would create itself (its worker daemon, adaptive execution
-        # off), made here only so that the JVM's start is timed as start-up.
-        self._spark = spark_session("bench-sparkbeam", session_config())
+        # off, the driver mapping this machine's class archive when `sparkbeam class-archive`
+        # made one), made here only so that the JVM's start is timed as start-up.
+        archive = driver_java_options()
+        extra = session_config()
+        if archive:
+            extra["spark.driver.extraJavaOptions"] = archive
+        self._spark = spark_session("bench-sparkbeam", extra)
         super().__init__(None, ["--runner=sparkbeam.SparkRunner", f"--spark_master={SPARK_MASTER}",
                                 *flags])
 

@@ -1,4 +1,4 @@
-"""`sparkbeam run | job-server | bench`."""
+"""`sparkbeam run | job-server | class-archive | bench`."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +35,15 @@ def _job_server(argv: list[str]) -> int:
     return int(server.main(argv, executor_factory=SparkJobExecutor) or 0)
 
 
+def _class_archive(args: argparse.Namespace) -> int:
+    """Makes this machine's JVM class archive for the drivers sparkbeam launches, unless made
+    (see `sparkbeam.execute.class_archive`)."""
+    from sparkbeam.execute.class_archive import build
+
+    build(force=args.force)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "bench.run", "--scale", args.scale]
     return subprocess.call(command)
@@ -50,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     # The job server parses its own flags (`sparkbeam job-server --help` lists them).
     sub.add_parser("job-server", help="serve Beam's Job API (PortableRunner clients)",
                    add_help=False)
+    archive = sub.add_parser(
+        "class-archive", help="make the JVM class archive that starts sparkbeam's Spark drivers "
+        "faster (once a machine; ~45 s)")
+    archive.add_argument("--force", action="store_true", help="make it again")
+    archive.set_defaults(func=_class_archive)
     bench = sub.add_parser("bench", help="run the benchmarks against the peers")
     bench.add_argument("--scale", default="quick", choices=["quick", "full"])
     bench.set_defaults(func=_bench)

@@ -31,11 +31,14 @@ def shared_spark():
     if not _SESSION:
         from pyspark.sql import SparkSession
 
+        from sparkbeam.execute.class_archive import driver_java_options
         from sparkbeam.execute.session import session_config
 
         builder = SparkSession.builder
         for key, value in session_config().items():
             builder = builder.config(key, value)
+        if driver_java_options():  # the class archive `make test` makes, as sparkbeam's own
+            builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
         spark = (
             builder
             .master(os.environ.get("SPARKBEAM_TEST_MASTER", "local[2]"))

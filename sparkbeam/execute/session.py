@@ -15,6 +15,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from sparkbeam.errors import ExecutionError
+from sparkbeam.execute.class_archive import driver_java_options
 from sparkbeam.execute.single_flight import SingleFlight
 from sparkbeam.options import SparkOptions, parse_spark_conf, positive_or_none
 
@@ -114,7 +115,10 @@ def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSessio
         # profile prints itself and every WARN of a local start before setLogLevel could act).
         quiet = (f"-Dlog4j2.configurationFile={LOG4J_CONFIG} "
                  f"-Dsparkbeam.spark.log.level={options.spark_log_level}")
-        defaults[_JAVA_OPTIONS] = " ".join(filter(None, [quiet, defaults.get(_JAVA_OPTIONS)]))
+        # A driver launched here maps this machine's class archive, if made (class_archive).
+        archive = driver_java_options(options.spark_class_archive)
+        defaults[_JAVA_OPTIONS] = " ".join(
+            filter(None, [quiet, archive, defaults.get(_JAVA_OPTIONS)]))
     for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
         builder = builder.config(key, value)
     where = f"Spark Connect server {remote}" if remote else f"master {master}"
