@@ -111,14 +111,7 @@ def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSessio
         # A running Connect server takes runtime SQL settings only (the rest is its own).
         defaults = {k: v for k, v in defaults.items() if k.startswith("spark.sql.")}
     else:
-        # The driver JVM logs at --spark_log_level from its first line (Spark's default
-        # profile prints itself and every WARN of a local start before setLogLevel could act).
-        quiet = (f"-Dlog4j2.configurationFile={LOG4J_CONFIG} "
-                 f"-Dsparkbeam.spark.log.level={options.spark_log_level}")
-        # A driver launched here maps this machine's class archive, if made (class_archive).
-        archive = driver_java_options(options.spark_class_archive)
-        defaults[_JAVA_OPTIONS] = " ".join(
-            filter(None, [quiet, archive, defaults.get(_JAVA_OPTIONS)]))
+        defaults[_JAVA_OPTIONS] = launched_driver_options(options, defaults.get(_JAVA_OPTIONS))
     for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
         builder = builder.config(key, value)
     where = f"Spark Connect server {remote}" if remote else f"master {master}"
@@ -134,6 +127,17 @@ def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSessio
             _LOG.warning("the JVM gateway exited as it launched (PySpark's JAVA_GATEWAY_EXITED, "
                          "attempt %d of %d); launching it again", attempt, GATEWAY_ATTEMPTS)
     raise AssertionError("unreachable")
+
+
+def launched_driver_options(options: SparkOptions, others: str | None = None) -> str:
+    """The Java options of a driver JVM launched here, before `others` (a job server's)."""
+    # The driver JVM logs at --spark_log_level from its first line (Spark's default profile
+    # prints itself and every WARN of a local start before setLogLevel could act).
+    quiet = (f"-Dlog4j2.configurationFile={LOG4J_CONFIG} "
+             f"-Dsparkbeam.spark.log.level={options.spark_log_level}")
+    # It maps this machine's class archive, if one was made (class_archive.py).
+    archive = driver_java_options(options.spark_class_archive)
+    return " ".join(filter(None, [quiet, archive, others]))
 
 
 # A gateway JVM launched while the job server's gRPC threads are busy has, rarely (2 of ~20

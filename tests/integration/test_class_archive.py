@@ -59,11 +59,6 @@ def test_the_driver_maps_the_archive(archive, tmp_path):
     assert f"ARCHIVES ['{archive}']" in done.stdout
 
 
-def test_off_maps_none(archive, tmp_path):
-    done = _job(tmp_path, "--spark_class_archive=off")
-    assert "ARCHIVES []" in done.stdout
-
-
 def test_a_driver_that_cannot_use_an_archive_runs_without_it_quietly(archive, tmp_path,
                                                                      monkeypatch):
     # Another class path (a configuration directory first on it): an archive made for the

@@ -87,3 +87,26 @@ def test_the_cache_directory(monkeypatch, tmp_path):
     monkeypatch.delenv("SPARKBEAM_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert class_archive.cache_dir() == str(tmp_path / "xdg" / "sparkbeam")
+
+
+def test_a_launched_driver_gets_the_archive_unless_the_option_says_off(install):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from sparkbeam.execute.session import launched_driver_options
+    from sparkbeam.options import SparkOptions
+
+    path = archive_path()
+    assert path is not None
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.write(MAGIC + b"\x00" * 64)
+
+    def options(*flags: str) -> str:
+        return launched_driver_options(PipelineOptions(list(flags)).view_as(SparkOptions),
+                                       "-Dmine=1")
+
+    on = options().split()
+    assert f"-XX:SharedArchiveFile={path}" in on and on[-1] == "-Dmine=1"
+    assert "-Dsparkbeam.spark.log.level=ERROR" in on
+    off = options("--spark_class_archive=off").split()
+    assert not any("SharedArchiveFile" in o for o in off) and off[-1] == "-Dmine=1"
