@@ -23,17 +23,21 @@ metrics twice.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from apache_beam.coders import coders
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.execution import MetricsContainer
+from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, metrics_pb2
 from apache_beam.runners import common
+from apache_beam.internal import util
 from apache_beam.runners.common import NameContext
 from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import userstate
+from apache_beam.transforms.core import CallableWrapperDoFn, DoFn
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.counters import CounterFactory
 from apache_beam.utils.timestamp import Timestamp
@@ -201,6 +205,89 @@ class _Context(userstate.UserStateContext):
         pass
 
 
+_ELEMENT, _KEY, _WINDOW, _WINDOWED, _TIMESTAMP, _PANE = range(6)
+
+
+class _Process:
+    """Beam's `PerWindowInvoker._invoke_process_per_window` for one key's elements, each in
+    one window, with no side inputs. What Beam works out per element, comparing each of the
+    process method's placeholders with each kind of parameter, is worked out here once, and a
+    state argument (one object for the whole key) is placed once per key; the arguments, the
+    context's calls and the output handler (built as `DoFnRunner` builds its own: Cython keeps
+    the runner's invoker out of reach) are Beam's. `usable` is False for a parameter of another
+    kind (a bundle finalizer, a bundle or setup context): `DoFnRunner.process` then runs each
+    element."""
+
+    def __init__(self, dofn: Any, args: Any, kwargs: Any, windowing: Any, receivers: Any,
+                 context: _Context) -> None:
+        signature = common.DoFnSignature(dofn)
+        self._context = context
+        self._method = signature.process_method.method_value
+        # Beam's per-element output counter (an experiment) is its runner's alone.
+        self.usable = not (signature.is_splittable_dofn()
+                           or "outputs_per_element_counter" in RuntimeValueProvider.experiments)
+        self._per_element: list[tuple[int, int]] = []
+        self._states: list[tuple[int, Any]] = []
+        self._timers: list[tuple[int, Any]] = []
+        placeholders, self._template, kwargs = common._get_arg_placeholders(
+            signature.process_method, list(args or []), kwargs or {})
+        self._kwargs: dict[str, Any] = kwargs or {}
+        for i, p in placeholders:
+            for kind, param in ((_ELEMENT, DoFn.ElementParam), (_KEY, DoFn.KeyParam),
+                                (_WINDOW, DoFn.WindowParam),
+                                (_WINDOWED, DoFn.WindowedValueParam),
+                                (_TIMESTAMP, DoFn.TimestampParam),
+                                (_PANE, DoFn.PaneInfoParam)):
+                if param == p:
+                    self._per_element.append((i, kind))
+                    break
+            else:
+                if isinstance(p, DoFn.StateParam):
+                    self._states.append((i, p.state_spec))
+                elif isinstance(p, DoFn.TimerParam):
+                    self._timers.append((i, p.timer_spec))
+                else:
+                    self.usable = False
+        method = signature.process_method.method_value
+        self._handler = common._OutputHandler(
+            windowing.windowfn, receivers[None], receivers, None,
+            getattr(dofn, "output_batch_converter", None),
+            getattr(method, "_beam_yields_batches", False),
+            getattr(signature.process_batch_method.method_value, "_beam_yields_elements",
+                    False),
+            check_user_dofn_output=(not isinstance(dofn, CallableWrapperDoFn)
+                                    and not inspect.isgeneratorfunction(method)))
+        self._args: list[Any] = []
+
+    def begin(self, key: Any, window: Any) -> None:
+        """A new key (and its window): its state arguments placed."""
+        args, _ = util.insert_values_in_args(self._template, self._kwargs, [])
+        self._args = list(args)
+        for i, spec in self._states:
+            self._args[i] = self._context.get_state(spec, key, window)
+
+    def __call__(self, wv: Any) -> None:
+        args = self._args
+        window, = wv.windows
+        key = wv.value[0]
+        for i, kind in self._per_element:
+            if kind == _ELEMENT:
+                args[i] = wv.value
+            elif kind == _KEY:
+                args[i] = key
+            elif kind == _WINDOW:
+                args[i] = window
+            elif kind == _WINDOWED:
+                args[i] = wv
+            elif kind == _TIMESTAMP:
+                args[i] = wv.timestamp
+            else:
+                args[i] = wv.pane_info
+        for i, spec in self._timers:
+            args[i] = self._context.get_timer(spec, key, window, wv.timestamp, wv.pane_info)
+        self._handler.handle_process_outputs(wv, self._method(*args, **self._kwargs), None)
+
+
 class StatefulProgram:
     """What a task needs to run `stage.direct_stateful`, built once per process (its DoFn set
     up once, as the bundle processor's is)."""
@@ -250,6 +337,7 @@ class StatefulProgram:
             step_name=self.name, state=common.DoFnState(CounterFactory()),
             user_state_context=self.context, transform_id=tid, operation_name=self.name)
         self.runner.setup()
+        self.process = _Process(dofn, args, kwargs, windowing, self.receivers, self.context)
 
     def new_state(self, spec: Any) -> Any:
         impl = self._impls[spec.name]
@@ -313,8 +401,14 @@ class StatefulRun:
         keyed = program.context.begin(elements[0].value[0])
         out = program.main.out
         out.clear()
-        for element in elements:
-            runner.process(element)
+        process = program.process
+        if process.usable and all(len(e.windows) == 1 for e in elements):
+            process.begin(elements[0].value[0], elements[0].windows[0])
+            for element in elements:
+                process(element)
+        else:
+            for element in elements:
+                runner.process(element)
         book = keyed.book
         for _ in timer_rounds(f"timers of {program.name}"):
             firing = book.take_due(ALL, Ordering.EVENT_TIME_FIRST)

@@ -130,4 +130,28 @@ class FiringOrder(beam.DoFn):
         yield repr(("wall", key, n, when.micros))
 
 
-IN_PROCESS_DOFNS = {**DOFNS, "order": FiringOrder}
+class EveryParam(beam.DoFn):
+    """`process` asks for every per-element parameter (the key, window, timestamp, pane and
+    the whole windowed value), a state shared by the key and a processing-time timer (whose
+    hold is the element's timestamp), and outputs what it saw with a running count: the count
+    depends on the order of a key's elements, so in-process only."""
+
+    SEEN = userstate.CombiningValueStateSpec("seen", combine_fn=combiners.CountCombineFn())
+    LATER = userstate.TimerSpec("later", TimeDomain.REAL_TIME)
+
+    def process(self, kv, key=beam.DoFn.KeyParam, win=beam.DoFn.WindowParam,  # type: ignore[no-untyped-def]
+                ts=beam.DoFn.TimestampParam, pane=beam.DoFn.PaneInfoParam,
+                wv=beam.DoFn.WindowedValueParam, seen=beam.DoFn.StateParam(SEEN),
+                later=beam.DoFn.TimerParam(LATER)):
+        seen.add(1)
+        later.set(Timestamp(micros=kv[1] % 7_000_000))
+        yield repr((key, kv[1], ts.micros, str(win), pane.timing, wv.timestamp.micros,
+                    seen.read()))
+
+    @userstate.on_timer(LATER)
+    def on_later(self, key=beam.DoFn.KeyParam, when=beam.DoFn.TimestampParam,  # type: ignore[no-untyped-def]
+                 seen=beam.DoFn.StateParam(SEEN)):
+        yield repr(("later", key, when.micros, seen.read()))
+
+
+IN_PROCESS_DOFNS = {**DOFNS, "order": FiringOrder, "params": EveryParam}

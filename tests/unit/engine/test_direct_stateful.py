@@ -79,3 +79,12 @@ def test_direct_rows_are_the_bundle_processors(dofn: str, events: list[tuple[str
     assert bool(direct) == bool(events)
     # Element counts of the DoFn's input and output PCollections, as the bundle processor's.
     assert direct_counts == general_counts
+
+
+def test_each_dofn_is_called_without_beams_per_element_invoker() -> None:
+    # The byte-equality test above would pass through `DoFnRunner.process` too: the shortcut
+    # that places the arguments once per key must really be the one taken.
+    from sparkbeam.engine.direct_stateful import StatefulProgram
+
+    for name, (plan, stage) in PLANS.items():
+        assert StatefulProgram(stage, plan.components).process.usable, name
