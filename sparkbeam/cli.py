@@ -72,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         return _job_server(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    # A job's messages are INFO; making the class archive says one line of its own (Beam's
+    # INFO lines as it is imported would only be noise there).
+    level = logging.WARNING if args.command == "class-archive" else logging.INFO
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True
+        level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True
     )
     return int(args.func(args))
 

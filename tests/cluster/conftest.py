@@ -31,6 +31,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def archive_options() -> str:
+    """The class archive `make test` makes (sparkbeam/execute/class_archive.py), for the
+    cluster's own JVMs too: the master, workers, executors and Connect server start from the
+    same Spark jars, class path and Java as a driver sparkbeam launches."""
+    from sparkbeam.execute.class_archive import driver_java_options
+
+    return driver_java_options()
+
+
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -38,6 +47,7 @@ def child_env(**extra: str) -> dict[str, str]:
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_DAEMON_MEMORY="256m",
+        SPARK_DAEMON_JAVA_OPTS=archive_options(),  # the master's and the workers'
         PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p),
     )
     env.pop("SPARK_REMOTE", None)
@@ -191,4 +201,6 @@ def standalone_args(url: str, cores: int = 1) -> list[str]:
         "--spark_conf=spark.driver.bindAddress=127.0.0.1",
         "--spark_conf=spark.ui.enabled=false",
         f"--spark_conf=spark.cores.max={cores}",
+        *([f"--spark_conf=spark.executor.extraJavaOptions={archive_options()}"]
+          if archive_options() else []),
     ]

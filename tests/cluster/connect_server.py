@@ -14,6 +14,7 @@ def main(port: int) -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from sparkbeam.execute.class_archive import driver_java_options
     from sparkbeam.execute.session import session_config
 
     builder = SparkSession.builder.master("local[2]").appName("sparkbeam-connect-test")
@@ -28,6 +29,8 @@ def main(port: int) -> None:
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "4",
         "spark.default.parallelism": "2",
+        # The class archive `make test` makes, as a driver sparkbeam launches would map it.
+        "spark.driver.extraJavaOptions": driver_java_options(),
     }.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
