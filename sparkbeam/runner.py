@@ -37,6 +37,7 @@ from sparkbeam.errors import (
 from sparkbeam.metrics import SparkMetrics
 from sparkbeam.mode import inferred_streaming
 from sparkbeam.options import SparkOptions, positive_or_none
+from sparkbeam.plan.arrow_batches import batch_byte_limit
 from sparkbeam.plan.check import (
     CONNECT_STREAMING,
     find_unsupported,
@@ -97,7 +98,8 @@ def prepare(
         streaming=streaming, checkpoint_dir=spark_options.checkpoint_dir,
         budgets={flag: getattr(spark_options, flag)
                  for flag in ("max_items_per_batch", "max_bytes_per_batch")},
-        master=spark_options.spark_master, remote=spark_options.spark_remote))
+        master=spark_options.spark_master, remote=spark_options.spark_remote,
+        arrow_batch_bytes=spark_options.arrow_batch_bytes))
     if plan is not None and streaming:
         fingerprint = pipeline_fingerprint(proto, plan)
         plan = dataclasses.replace(plan, streaming_reason=reason or "",
@@ -198,6 +200,7 @@ class SparkJob:
                 shared_rebalancer(datasets.driver_host())
                 if spark_options.dynamic_splitting != "off" else None
             )
+            arrow_bytes, why = batch_byte_limit(spark_options.arrow_batch_bytes, self.plan)
             executor = Executor(
                 datasets,
                 ExecutionSettings(
@@ -208,10 +211,11 @@ class SparkJob:
                     rebalance_address=rebalancer.address if rebalancer else None,
                     pipeline_options=_worker_options(self.options),
                     worker_connect_timeout_s=spark_options.worker_connect_timeout,
+                    arrow_batch_bytes=arrow_bytes,
                 ),
             )
             self._set_state(PipelineState.RUNNING)
-            for decision in self.plan.decisions:
+            for decision in (*self.plan.decisions, why):
                 self._log(f"{self.job_id}: {decision}")
             started = time.time()
             watch = ProgressWatch(

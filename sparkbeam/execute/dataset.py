@@ -36,6 +36,9 @@ OUT_SCHEMA = T.StructType(
 )
 
 
+ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+
 class Datasets:
     """DataFrame operations over one SparkSession, with job groups for cancellation."""
 
@@ -288,6 +291,23 @@ class Datasets:
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
             sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def arrow_batch_bytes(self, limit: int | None) -> Iterator[None]:
+        """The Spark jobs this thread starts meanwhile cut the Arrow batches of their Python
+        workers at `limit` bytes (None: as the session says). A local property of this
+        thread's jobs, not a session setting: other jobs on the session keep theirs, and a
+        value the session sets explicitly still wins (Spark copies the session's settings
+        over a job's properties). Not over Connect, which has no local properties."""
+        if limit is None or self.connect:
+            yield
+            return
+        sc = self.spark.sparkContext
+        sc.setLocalProperty(ARROW_BATCH_BYTES, str(limit))
+        try:
+            yield
+        finally:
+            sc.setLocalProperty(ARROW_BATCH_BYTES, None)  # type: ignore[arg-type]
 
     def describe(self, description: str) -> None:
         if self.connect:

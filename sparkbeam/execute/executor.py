@@ -67,6 +67,9 @@ class ExecutionSettings:
     rebalance_address: str | None = None
     pipeline_options: dict | None = None  # handed to SDK workers through provisioning
     worker_connect_timeout_s: float = 60.0
+    # The byte limit of the Arrow batches stages' Python workers get (None: Spark's own):
+    # `plan/arrow_batches.py`.
+    arrow_batch_bytes: int | None = None
 
 
 def _task(
@@ -115,7 +118,8 @@ class Executor:
                        plan.stages, on_driver, exported,
                        {u.buffer_id for s in plan.stages for u in s.side_inputs}))
         try:
-            with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"):
+            with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"), \
+                    self.ds.arrow_batch_bytes(self.settings.arrow_batch_bytes):
                 for stage in plan.stages:
                     if cancelled.is_set():
                         raise JobCancelledError(f"{job_id} was cancelled before {stage.label}")

@@ -21,6 +21,7 @@ from apache_beam.runners.worker import bundle_processor
 from sparkbeam import urns
 from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.mode import BATCH_EXPERIMENT
+from sparkbeam.plan.arrow_batches import setting_problem
 from sparkbeam.plan.model import Plan, Stage, StageKind, side_input_proto
 from sparkbeam.plan.native_spark import spark_io_problems
 
@@ -217,7 +218,8 @@ CONNECT_STREAMING = ("sparkbeam's streaming engine needs a classic Spark session
 
 def option_problems(*, streaming: bool, checkpoint_dir: str | None,
                     budgets: dict[str, int | None], master: str | None = None,
-                    remote: str | None = None) -> list[Unsupported]:
+                    remote: str | None = None, arrow_batch_bytes: str = "auto"
+                    ) -> list[Unsupported]:
     """Options that make the job impossible, whatever the pipeline. Streaming without
     `--checkpoint_dir` is refused here only when the options name a cluster; on a local
     master the job makes a fresh directory when it starts (the session decides, at run)."""
@@ -236,6 +238,10 @@ def option_problems(*, streaming: bool, checkpoint_dir: str | None,
         if value is not None and value < 1:
             found.append(Unsupported(f"--{flag}={value}", "the pipeline options",
                                      "a work budget must be at least 1"))
+    problem = setting_problem(arrow_batch_bytes)
+    if problem:
+        found.append(Unsupported(f"--arrow_batch_bytes={arrow_batch_bytes}",
+                                 "the pipeline options", problem))
     return found
 
 

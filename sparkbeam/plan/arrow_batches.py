@@ -1,0 +1,116 @@
+"""Whether Spark may batch the rows it hands a batch pipeline's Python workers by count alone.
+
+Spark 4 cuts each Arrow batch it sends a `mapInArrow` worker at 10,000 rows
+(`spark.sql.execution.arrow.maxRecordsPerBatch`, sparkbeam's setting) or 64 MB
+(`...maxBytesPerBatch`), whichever comes first, and to know the bytes it asks the Arrow writer
+for its size after every row. On the skewed GroupByKey's 10 M rows that check was ~15 % of the
+JVM's samples (Java Flight Recorder) and the run took 31.7-34.0 s against 25.1-26.3 s without
+it (bench/ANALYSIS.md). Spark skips it when the byte limit is `Int.MaxValue`.
+
+That is only safe when 10,000 rows cannot be much more than 64 MB anyway: when every row a
+stage reads is provably small. A row is (input, key, value); its value is an element in the
+stage input's coder, its key at most that. This module answers, at Prepare, from the coders
+alone: every stage input (a grouped one: its elements before grouping) is the impulse, a line
+of a Spark text read (a batch of lines is at most its task's file split, itself at most
+128 MB), or an element whose coder bounds its encoding (`max_encoded_size`) at
+`MAX_ROW_BYTES`; and no ReadFromSpark (its rows are the user's table's). Anything else keeps
+Spark's byte limit, unless `--arrow_batch_bytes` says otherwise.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from sparkbeam.plan.model import IMPULSE_BUFFER, Plan
+
+#: Spark's default byte limit over its default (and sparkbeam's) row limit: rows this small
+#: fill a 10,000-row batch to at most the 64 MB Spark would allow.
+MAX_ROW_BYTES = (64 << 20) // 10_000
+
+_C = common_urns.coders
+# Largest encodings of Beam's standard coders of fixed-size values.
+_FIXED = {
+    _C.VARINT.urn: 10,
+    _C.BOOL.urn: 1,
+    _C.DOUBLE.urn: 8,
+    _C.GLOBAL_WINDOW.urn: 0,
+    _C.INTERVAL_WINDOW.urn: 8 + 10,  # its end (8 bytes), its span (a varint)
+}
+# A windowed value's timestamp (8), window count (4) and pane (its byte and two varints).
+_WINDOWED_HEADER = 8 + 4 + 1 + 10 + 10
+
+
+def max_encoded_size(coder_id: str, coders: Mapping[str, beam_runner_api_pb2.Coder]
+                     ) -> int | None:
+    """The most bytes an element can take in coder `coder_id` (nested), or None when its
+    values have no bound (strings, bytes, iterables, pickled objects, any other coder)."""
+    coder = coders.get(coder_id)
+    if coder is None:
+        return None
+    urn = coder.spec.urn
+    if urn in _FIXED:
+        return _FIXED[urn]
+    parts = [max_encoded_size(c, coders) for c in coder.component_coder_ids]
+    if any(p is None for p in parts):
+        return None
+    sizes = [p for p in parts if p is not None]
+    if urn == _C.KV.urn:
+        return sum(sizes)
+    if urn == _C.LENGTH_PREFIX.urn:
+        return sizes[0] + 5  # its length as a varint of a 32-bit size
+    if urn == _C.WINDOWED_VALUE.urn and coders[coder.component_coder_ids[1]].spec.urn == (
+            _C.GLOBAL_WINDOW.urn):
+        # The global window encodes as nothing, so the count of windows is all they take.
+        return _WINDOWED_HEADER + sizes[0]
+    if urn == _C.PARAM_WINDOWED_VALUE.urn:
+        return sizes[0]  # the value alone: its window, time and pane are the coder's
+    return None
+
+
+def rows_provably_small(plan: Plan) -> bool:
+    """Whether every row a batch plan's stages read is small enough (see the module doc)."""
+    if plan.spark_reads:
+        return False
+    coders = beam_runner_api_pb2.Components.FromString(plan.components).coders
+    for stage in plan.stages:
+        for use in stage.inputs:
+            if use.buffer_id == IMPULSE_BUFFER or use.buffer_id in plan.text_reads:
+                continue
+            # A grouped input's rows are its ungrouped elements (grouped in the worker).
+            grouping = plan.groupings.get(use.buffer_id)
+            value = max_encoded_size(
+                grouping.input_coder_id if grouping else use.coder_id, coders)
+            # The row's key is (at most) the value's own key, encoded again.
+            if value is None or 4 + 2 * value > MAX_ROW_BYTES:
+                return False
+    return True
+
+
+#: Spark's `Int.MaxValue`: the byte limit at which it batches rows by count alone.
+NO_BYTE_LIMIT = 2**31 - 1
+
+
+def setting_problem(setting: str) -> str | None:
+    """Why `--arrow_batch_bytes` cannot be used, or None."""
+    if setting in ("auto", "rows") or (setting.isdigit() and int(setting) > 0):
+        return None
+    return "--arrow_batch_bytes takes auto, rows or a number of bytes (at least 1)"
+
+
+def batch_byte_limit(setting: str, plan: Plan) -> tuple[int | None, str]:
+    """The byte limit of the Arrow batches a batch job's Python workers get (None: Spark's
+    own, 64 MB unless the session says otherwise), and why, for the job's log."""
+    if setting == "rows":
+        return NO_BYTE_LIMIT, ("Arrow batches to Python workers by row count alone "
+                               "(--arrow_batch_bytes=rows)")
+    if setting != "auto":
+        return int(setting), f"Arrow batches to Python workers of at most {int(setting)} bytes"
+    if rows_provably_small(plan):
+        return NO_BYTE_LIMIT, (
+            "Arrow batches to Python workers by row count alone: every row the stages read "
+            f"is at most {MAX_ROW_BYTES} bytes (its coder bounds it) or a line of a text file")
+    return None, ("Arrow batches to Python workers keep Spark's byte limit: some stage reads "
+                  "elements whose coder does not bound their size (--arrow_batch_bytes=rows "
+                  "lifts it)")

@@ -1,0 +1,96 @@
+"""Which batch plans let Spark batch rows for Python workers by count alone (plan/arrow_batches)."""
+from __future__ import annotations
+
+import apache_beam as beam
+import pytest
+from apache_beam.coders import coders
+from apache_beam.runners import pipeline_context
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import MAX_TIMESTAMP
+
+from sparkbeam.plan.arrow_batches import (
+    MAX_ROW_BYTES,
+    NO_BYTE_LIMIT,
+    batch_byte_limit,
+    max_encoded_size,
+    rows_provably_small,
+    setting_problem,
+)
+from sparkbeam.plan.batch import plan_batch
+from sparkbeam.plan.check import option_problems
+
+
+def _size(coder: coders.Coder) -> int | None:
+    context = pipeline_context.PipelineContext()
+    coder_id = context.coders.get_id(coder)
+    return max_encoded_size(coder_id, context.to_runner_api().coders)
+
+
+def test_bounded_coders_bound_their_largest_encoding() -> None:
+    varint = coders.VarIntCoder()
+    assert _size(varint) == 10
+    assert _size(coders.TupleCoder([varint, coders.FloatCoder()])) == 18  # Beam's KV
+    triple = coders.TupleCoder([varint, varint, varint])  # a Python-only coder: no bound known
+    assert _size(triple) is None
+    kv = coders.TupleCoder([varint, coders.BooleanCoder()])
+    assert _size(kv) == 11
+    windowed = coders.WindowedValueCoder(kv, coders.GlobalWindowCoder())
+    assert _size(windowed) == 11 + 8 + 4 + 21
+    # The largest values really are that size.
+    impl = windowed.get_impl()
+    from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
+
+    pane = PaneInfo(False, False, PaneInfoTiming.LATE, 2**31 - 1, 2**31 - 1)
+    big = WindowedValue((-1, True), MAX_TIMESTAMP, [window.GlobalWindow()], pane)
+    assert len(impl.encode_nested(big)) <= _size(windowed)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("coder", [
+    coders.StrUtf8Coder(), coders.BytesCoder(), coders.PickleCoder(),
+    coders.IterableCoder(coders.VarIntCoder()),
+    coders.TupleCoder([coders.VarIntCoder(), coders.StrUtf8Coder()]),
+    # Windows of other kinds: an element may be in any number of them.
+    coders.WindowedValueCoder(coders.VarIntCoder(), coders.IntervalWindowCoder()),
+])
+def test_unbounded_coders_have_no_bound(coder: coders.Coder) -> None:
+    assert _size(coder) is None
+
+
+def _plan(typed_strings: bool):  # type: ignore[no-untyped-def]
+    p = beam.Pipeline()
+    # Impulse, not Create: Create's reshuffle carries each element's windowing as a pickle.
+    pairs = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
+             | beam.Map(lambda x: (x % 3, x)).with_output_types(tuple[int, int])
+             | beam.GroupByKey()
+             | beam.MapTuple(lambda k, vs: (k, sum(vs))).with_output_types(tuple[int, int]))
+    if typed_strings:  # strings crossing a stage boundary (into a grouping)
+        _ = (pairs | beam.MapTuple(lambda k, v: (str(k), v)).with_output_types(tuple[str, int])
+             | "Again" >> beam.GroupByKey())
+    else:
+        _ = pairs | "Again" >> beam.GroupByKey()
+    return plan_batch(p.to_runner_api())
+
+
+def test_a_plan_of_small_typed_elements_batches_by_count() -> None:
+    plan = _plan(typed_strings=False)
+    assert rows_provably_small(plan)
+    limit, why = batch_byte_limit("auto", plan)
+    assert limit == NO_BYTE_LIMIT and f"at most {MAX_ROW_BYTES} bytes" in why
+
+
+def test_a_stage_reading_strings_keeps_sparks_limit_unless_told() -> None:
+    plan = _plan(typed_strings=True)
+    assert not rows_provably_small(plan)
+    assert batch_byte_limit("auto", plan)[0] is None
+    assert batch_byte_limit("rows", plan)[0] == NO_BYTE_LIMIT
+    assert batch_byte_limit("1048576", plan)[0] == 1048576
+
+
+def test_a_bad_setting_is_refused_at_prepare() -> None:
+    assert setting_problem("auto") is None and setting_problem("rows") is None
+    assert setting_problem("4096") is None
+    for bad in ("0", "-1", "64m", ""):
+        assert setting_problem(bad) is not None
+    problems = option_problems(streaming=False, checkpoint_dir=None, budgets={},
+                               arrow_batch_bytes="64m")
+    assert len(problems) == 1 and "--arrow_batch_bytes=64m" in str(problems[0])
