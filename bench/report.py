@@ -31,6 +31,11 @@ RUNNER_NOTES = {
         "in Python instead of Spark's text source), to show what the native translations are "
         "worth."
     ),
+    "sparkbeam-rows": (
+        "sparkbeam with `--arrow_batch_bytes=rows`: Spark cuts the Arrow batches it hands "
+        "Python workers by row count alone (no per-row size check), as a user whose elements "
+        "are small may choose."
+    ),
     "fnapi": "Beam's `FnApiRunner()`, in process, one worker.",
     "fnapi-mp": (
         "`FnApiRunner()` with `--direct_num_workers=2 --direct_running_mode=multi_processing` "
@@ -95,6 +100,7 @@ COLORS = {
     "pyspark-handwritten": "#444444",
     "sparkbeam": "#d62728",
     "sparkbeam-beam-only": "#ff9896",
+    "sparkbeam-rows": "#8c564b",
     "fnapi": "#1f77b4",
     "fnapi-mp": "#17becf",
     "dask": "#ff7f0e",

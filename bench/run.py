@@ -40,7 +40,7 @@ DEFAULT_RUNNERS = [
     "dask",
     "beam-pyspark-runner",
 ]
-EXTRA_RUNNERS = ["dask-beamio", "sparkbeam-beam-only"]
+EXTRA_RUNNERS = ["dask-beamio", "sparkbeam-beam-only", "sparkbeam-rows"]
 DEFAULT_TIMEOUT = {"quick": 180, "full": 1800}
 POLL_S = 0.5
 

@@ -192,6 +192,8 @@ RUNNERS: dict[str, Callable[[], Runner]] = {
     "sparkbeam": SparkBeamRunner,
     # Beam's transforms everywhere (no Spark-native translations): what they are worth.
     "sparkbeam-beam-only": lambda: SparkBeamRunner(("--spark_native=off",)),
+    # Arrow batches to Python workers by row count alone, for pipelines of small elements.
+    "sparkbeam-rows": lambda: SparkBeamRunner(("--arrow_batch_bytes=rows",)),
     "fnapi": lambda: FnApi([]),
     "fnapi-mp": lambda: FnApi(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]),
     "dask": Dask,

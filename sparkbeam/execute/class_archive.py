@@ -168,12 +168,38 @@ def build(force: bool = False, log: Callable[[str], None] = print) -> str:
         if not usable(partial):
             raise RuntimeError(f"the driver JVM wrote no class archive at {partial}")
         os.replace(partial, target)
+        prune(cache_dir(), keep=KEEP)
     finally:
         if os.path.exists(partial):
             os.remove(partial)
     log(f"class archive: {target} ({os.path.getsize(target) >> 20} MB, made in "
         f"{time.monotonic() - started:.0f} s)")
     return target
+
+
+#: Archives kept in the cache, newest first (~180 MB each): one per Java and Spark install a
+#: machine has used lately; each new install's archive (a fresh virtualenv's jars) pushes out
+#: the oldest, which is made again if its install is used again.
+KEEP = 3
+
+
+def prune(directory: str, keep: int) -> list[str]:
+    """Removes all but the `keep` newest archives in `directory`; returns those removed."""
+    try:
+        names = [n for n in os.listdir(directory)
+                 if n.startswith("class-archive-") and n.endswith(".jsa")]
+    except OSError:
+        return []
+    paths = sorted((os.path.join(directory, n) for n in names), key=os.path.getmtime,
+                   reverse=True)
+    removed = []
+    for path in paths[keep:]:
+        try:
+            os.remove(path)
+            removed.append(path)
+        except OSError:
+            pass  # in use elsewhere, or gone already: another process's business
+    return removed
 
 
 def _exercise(work: str) -> None:

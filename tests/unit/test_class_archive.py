@@ -110,3 +110,17 @@ def test_a_launched_driver_gets_the_archive_unless_the_option_says_off(install):
     assert "-Dsparkbeam.spark.log.level=ERROR" in on
     off = options("--spark_class_archive=off").split()
     assert not any("SharedArchiveFile" in o for o in off) and off[-1] == "-Dmine=1"
+
+
+def test_only_the_newest_archives_are_kept(tmp_path):
+    for n in range(5):
+        path = tmp_path / f"class-archive-{n}.jsa"
+        path.write_bytes(MAGIC)
+        os.utime(path, (1_000_000 + n, 1_000_000 + n))
+    (tmp_path / "other.txt").write_text("not an archive")
+    removed = class_archive.prune(str(tmp_path), keep=3)
+    assert sorted(os.path.basename(p) for p in removed) == [
+        "class-archive-0.jsa", "class-archive-1.jsa"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "class-archive-2.jsa", "class-archive-3.jsa", "class-archive-4.jsa", "other.txt"]
+    assert class_archive.prune(str(tmp_path / "missing"), keep=3) == []
