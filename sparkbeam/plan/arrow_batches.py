@@ -13,8 +13,9 @@ stage input's coder, its key at most that. This module answers, at Prepare, from
 alone: every stage input (a grouped one: its elements before grouping) is the impulse, a line
 of a Spark text read (a batch of lines is at most its task's file split, itself at most
 128 MB), or an element whose coder bounds its encoding (`max_encoded_size`) at
-`MAX_ROW_BYTES`; and no ReadFromSpark (its rows are the user's table's). Anything else keeps
-Spark's byte limit, unless `--arrow_batch_bytes` says otherwise.
+`MAX_ROW_BYTES`; a buffer WriteToSpark writes (decoded into Arrow batches the same way) is
+such an element too; and there is no ReadFromSpark (its rows are the user's table's).
+Anything else keeps Spark's byte limit, unless `--arrow_batch_bytes` says otherwise.
 """
 from __future__ import annotations
 
@@ -70,21 +71,24 @@ def max_encoded_size(coder_id: str, coders: Mapping[str, beam_runner_api_pb2.Cod
 
 
 def rows_provably_small(plan: Plan) -> bool:
-    """Whether every row a batch plan's stages read is small enough (see the module doc)."""
+    """Whether every row a batch plan's Python workers read is small enough (see the module
+    doc): the stages' inputs, and the buffers WriteToSpark decodes into Arrow batches."""
     if plan.spark_reads:
         return False
     coders = beam_runner_api_pb2.Components.FromString(plan.components).coders
+    read: list[str] = [write.coder_id for write in plan.spark_writes]
     for stage in plan.stages:
         for use in stage.inputs:
             if use.buffer_id == IMPULSE_BUFFER or use.buffer_id in plan.text_reads:
                 continue
             # A grouped input's rows are its ungrouped elements (grouped in the worker).
             grouping = plan.groupings.get(use.buffer_id)
-            value = max_encoded_size(
-                grouping.input_coder_id if grouping else use.coder_id, coders)
-            # The row's key is (at most) the value's own key, encoded again.
-            if value is None or 4 + 2 * value > MAX_ROW_BYTES:
-                return False
+            read.append(grouping.input_coder_id if grouping else use.coder_id)
+    for coder_id in read:
+        value = max_encoded_size(coder_id, coders)
+        # The row's key is (at most) the value's own key, encoded again.
+        if value is None or 4 + 2 * value > MAX_ROW_BYTES:
+            return False
     return True
 
 

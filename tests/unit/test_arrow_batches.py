@@ -94,3 +94,22 @@ def test_a_bad_setting_is_refused_at_prepare() -> None:
     problems = option_problems(streaming=False, checkpoint_dir=None, budgets={},
                                arrow_batch_bytes="64m")
     assert len(problems) == 1 and "--arrow_batch_bytes=64m" in str(problems[0])
+
+
+def test_a_buffer_writetospark_decodes_counts_too() -> None:
+    # WriteToSpark's buffer goes through Arrow batches to Python workers as stage inputs do:
+    # elements without a size bound there keep Spark's limit, however small the stages' rows.
+    import dataclasses
+
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    from sparkbeam.plan.native_spark import RunnerWrite
+
+    plan = _plan(typed_strings=False)
+    coders = beam_runner_api_pb2.Components.FromString(plan.components).coders
+    unbounded = next(c for c in coders if max_encoded_size(c, coders) is None)
+    bounded = next(c for c in coders if max_encoded_size(c, coders) is not None)
+    for coder_id, small in ((bounded, True), (unbounded, False)):
+        write = RunnerWrite(transform="Write", buffer_id=b"written", coder_id=coder_id,
+                            payload=b"")
+        assert rows_provably_small(dataclasses.replace(plan, spark_writes=(write,))) is small
