@@ -37,8 +37,9 @@ def shared_spark():
         builder = SparkSession.builder
         for key, value in session_config().items():
             builder = builder.config(key, value)
-        if driver_java_options():  # the class archive `make test` makes, as sparkbeam's own
-            builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
+        archive = driver_java_options()  # the class archive `make test` makes, as sparkbeam's
+        if archive:
+            builder = builder.config("spark.driver.extraJavaOptions", archive)
         spark = (
             builder
             .master(os.environ.get("SPARKBEAM_TEST_MASTER", "local[2]"))

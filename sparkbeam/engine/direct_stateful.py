@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from apache_beam.coders import coders
+from apache_beam.internal import util
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.execution import MetricsContainer
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, metrics_pb2
 from apache_beam.runners import common
-from apache_beam.internal import util
 from apache_beam.runners.common import NameContext
 from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import userstate
@@ -248,7 +248,7 @@ class _Process:
                     self._timers.append((i, p.timer_spec))
                 else:
                     self.usable = False
-        method = signature.process_method.method_value
+        method = self._method
         self._handler = common._OutputHandler(
             windowing.windowfn, receivers[None], receivers, None,
             getattr(dofn, "output_batch_converter", None),

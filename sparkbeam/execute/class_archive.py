@@ -3,8 +3,8 @@
 A local Spark driver loads and verifies ~15 k classes from Spark's jars before its first job
 ends: most of a session's ~5 s start on two cores, and much of the first job's planning. The
 JDK's application class-data sharing (CDS) keeps those classes, parsed and verified, in an
-archive file the JVM maps at start. `build` makes one (`sparkbeam class-archive`; `make run`
-and `make test` do it once a machine): it starts a driver with `-XX:ArchiveClassesAtExit`,
+archive file the JVM maps at start. `build` makes one (`sparkbeam class-archive`; `make test`
+and `make bench` do it once a machine): it starts a driver with `-XX:ArchiveClassesAtExit`,
 runs small batch and streaming pipelines on it, and the JVM writes every class it loaded as it
 exits. A session sparkbeam starts then maps that archive (`driver_java_options`). Measured on
 this project's 2-core machine (bench/ANALYSIS.md): the session's start 5.3-6.4 s to 3.0-3.2 s,
@@ -26,8 +26,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-
-_LOG = logging.getLogger(__name__)
 
 #: What a dynamic archive of JDK 13+ starts with (HotSpot's CDS_DYNAMIC_ARCHIVE_MAGIC).
 _MAGIC = 0xF00BABA8

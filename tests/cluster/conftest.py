@@ -193,6 +193,7 @@ standalone_workers: dict[str, list[subprocess.Popen]] = {}
 
 def standalone_args(url: str, cores: int = 1) -> list[str]:
     """SparkRunner arguments for the standalone fixture's cluster (small JVMs, no UI)."""
+    archive = archive_options()
     return [
         f"--spark_master={url}",
         "--spark_conf=spark.executor.memory=512m",
@@ -201,6 +202,5 @@ def standalone_args(url: str, cores: int = 1) -> list[str]:
         "--spark_conf=spark.driver.bindAddress=127.0.0.1",
         "--spark_conf=spark.ui.enabled=false",
         f"--spark_conf=spark.cores.max={cores}",
-        *([f"--spark_conf=spark.executor.extraJavaOptions={archive_options()}"]
-          if archive_options() else []),
+        *([f"--spark_conf=spark.executor.extraJavaOptions={archive}"] if archive else []),
     ]
