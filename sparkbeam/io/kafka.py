@@ -47,6 +47,7 @@ __all__ = ["KafkaError", "ReadFromKafka", "WriteToKafka"]
 _POLICIES = (PROCESSING_TIME, CREATE_TIME, LOG_APPEND_TIME)
 _BUNDLE_RECORDS = 10_000
 _BUNDLE_SECONDS = 1.0
+_POLL_STEP_S = 0.05
 
 
 class _Offsets(RestrictionProvider):  # type: ignore[misc]
@@ -93,19 +94,32 @@ class _ReadPartition(beam.DoFn):
         watermark: Any = beam.DoFn.WatermarkEstimatorParam(
             ManualWatermarkEstimator.default_provider()),
     ) -> Iterator[Any]:
-        kafka = client()
         restriction = tracker.current_restriction()
         consumer = self._reader()
-        tp = kafka.TopicPartition(element.topic, element.partition, restriction.start)
+        tp = client().TopicPartition(element.topic, element.partition, restriction.start)
         consumer.assign([tp])
+        try:
+            yield from self._read(consumer, tp, element, restriction, finalizer, tracker,
+                                  watermark)
+        finally:
+            # An assigned consumer goes on fetching between bundles; nothing reads that.
+            consumer.unassign()
+
+    def _read(self, consumer: Any, tp: Any, element: Partition, restriction: OffsetRange,
+              finalizer: Any, tracker: Any, watermark: Any) -> Iterator[Any]:
         began, claimed, last = time.monotonic(), 0, None
+        if (restriction.start < restriction.stop and not _past(element.deadline)
+                and _at_end(consumer, tp, self.poll_timeout_s)):
+            # Nothing to read now (the broker's answer, not a poll's timeout): caught up.
+            advance(watermark, Timestamp.now())
+            tracker.defer_remainder(Duration(seconds=self.poll_timeout_s))
+            return
         while True:
-            if element.deadline is not None and time.time() >= element.deadline:
+            if _past(element.deadline):
                 tracker.try_claim(restriction.stop)  # max_read_time is up: the read ends
                 return
             wanted = min(500, restriction.stop - restriction.start - claimed)
-            messages = consumer.consume(num_messages=max(1, wanted),
-                                        timeout=self.poll_timeout_s)
+            messages = _poll(consumer, max(1, wanted), self.poll_timeout_s)
             records = [m for m in messages if m.error() is None]
             for message in messages:
                 # librdkafka reconnects by itself (a broker restarting); only a fatal error,
@@ -134,6 +148,12 @@ class _ReadPartition(beam.DoFn):
                 advance(watermark, now)
                 tracker.defer_remainder(Duration(seconds=self.poll_timeout_s))
                 return
+            if _caught_up(consumer, tp, position):
+                # Read up to the end the broker reported with these records: the next poll
+                # would only wait out its timeout, so this bundle ends here.
+                advance(watermark, now)
+                tracker.defer_remainder()
+                return
             if self.policy == PROCESSING_TIME:
                 advance(watermark, now)
             if claimed >= _BUNDLE_RECORDS or time.monotonic() - began >= _BUNDLE_SECONDS:
@@ -160,6 +180,42 @@ class _ReadPartition(beam.DoFn):
             self._reader().commit(offsets=[client().TopicPartition(
                 element.topic, element.partition, offset)], asynchronous=False)
         return commit
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.time() >= deadline
+
+
+def _poll(consumer: Any, wanted: int, timeout_s: float) -> list[Any]:
+    """The records that arrive first, waiting up to `timeout_s` for any. librdkafka's batch
+    consume waits until it holds all `wanted` or its timeout is up, so a partition holding
+    fewer records than asked for cost the whole timeout; short calls return what is queued."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        messages: list[Any] = consumer.consume(num_messages=wanted,
+                                               timeout=max(0.0, min(_POLL_STEP_S, left)))
+        if messages or left <= _POLL_STEP_S:
+            return messages
+
+
+def _at_end(consumer: Any, tp: Any, timeout_s: float) -> bool:
+    """Whether the broker says the partition holds no record at or after `tp`'s offset (its
+    high watermark, asked now). An unanswered question is not an answer: the poll decides."""
+    try:
+        high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)[1]
+    except client().KafkaException:
+        return False
+    return bool(high >= 0 and tp.offset >= high)
+
+
+def _caught_up(consumer: Any, tp: Any, position: int) -> bool:
+    """Whether `position` is at the partition's end as of the last fetch response (the high
+    watermark librdkafka caches from it; -1001 before any). Asked only after records came back,
+    so that response is from this assignment: a stale end would end the bundle early, and a
+    caught-up partition moves its watermark to the wall clock."""
+    high = consumer.get_watermark_offsets(tp, cached=True)[1]
+    return bool(high >= 0 and position >= high)
 
 
 def _fatal_codes() -> frozenset[int]:

@@ -42,6 +42,10 @@ def new_consumer(config: Mapping[str, Any]) -> Any:
     settings.setdefault("group.id", f"sparkbeam-{uuid.uuid4().hex[:12]}")
     settings["enable.auto.commit"] = False
     settings.setdefault("enable.partition.eof", False)
+    # A reader assigns one partition after another; librdkafka sends the new partition's first
+    # fetch only once the broker answers the previous one, which it holds for up to this long
+    # when there is nothing new (500 ms by default, paid on every switch).
+    settings.setdefault("fetch.wait.max.ms", 50)
     # librdkafka's own log lines (a broker that went away...) through Python's logging.
     settings.setdefault("logger", LOG)
     return client().Consumer(settings)
