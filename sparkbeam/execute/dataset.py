@@ -12,12 +12,13 @@ import logging
 import os
 import re
 import socket
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -39,6 +40,50 @@ OUT_SCHEMA = T.StructType(
 ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 
 
+class _Columns:
+    """The column expressions a session's stages are declared with, each built once. On a
+    classic session every Column built from a name or a literal is 3-14 py4j calls (`F.col`
+    13, `.cast` 14, `.alias` 11, measured), and every stage declares the same few: a tiny
+    pipeline's job made ~930 calls, two thirds of them for these. A Column is an unresolved
+    expression, analysed anew in each plan that uses it, so sharing one is safe."""
+
+    _LIMIT = 4096  # keys are small ints (tags, input numbers); a bound all the same
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[Any, ...], Column] = {}
+
+    def get(self, key: tuple[Any, ...], make: Callable[[], Column]) -> Column:
+        column = self._made.get(key)
+        if column is None:
+            if len(self._made) >= self._LIMIT:
+                self._made.clear()
+            column = self._made[key] = make()
+        return column
+
+    def col(self, name: str) -> Column:
+        return self.get(("col", name), lambda: F.col(name))
+
+    def int_literal(self, value: int, alias: str) -> Column:
+        return self.get(("int", value, alias), lambda: F.lit(value).cast("int").alias(alias))
+
+    def null_key(self) -> Column:
+        return self.get(("null key",), lambda: F.lit(None).cast("binary").alias("key"))
+
+    def tag_is(self, tag: int) -> Column:
+        return self.get(("tag", tag), lambda: self.col("tag") == tag)
+
+
+# Per session: a session's Columns hold objects of its JVM gateway.
+_COLUMNS: weakref.WeakKeyDictionary[SparkSession, _Columns] = weakref.WeakKeyDictionary()
+
+
+def _columns_of(spark: SparkSession) -> _Columns:
+    columns = _COLUMNS.get(spark)
+    if columns is None:
+        columns = _COLUMNS.setdefault(spark, _Columns())
+    return columns
+
+
 class Datasets:
     """DataFrame operations over one SparkSession, with job groups for cancellation."""
 
@@ -46,6 +91,7 @@ class Datasets:
         self.spark = spark
         self.connect = is_connect(spark)
         self.parallelism = parallelism or _default_parallelism(spark, self.connect)
+        self._c = _columns_of(spark)
 
     # -- building buffers -------------------------------------------------------------------
 
@@ -60,11 +106,12 @@ class Datasets:
         createDataFrame of local rows goes through a Python RDD, which costs each task that
         reads it a Python worker and the first job a second worker daemon (~1 s to start,
         with Beam's imports)."""
+        c = self._c
+        literal = c.get(("value", value), lambda: F.lit(bytearray(value)).cast("binary")
+                        .alias("value")) if len(value) <= 64 else (
+            F.lit(bytearray(value)).cast("binary").alias("value"))
         return self.spark.range(0, count, 1, 1).select(
-            F.lit(0).cast("int").alias("input"),
-            F.lit(None).cast("binary").alias("key"),
-            F.lit(bytearray(value)).cast("binary").alias("value"),
-        )
+            c.int_literal(0, "input"), c.null_key(), literal)
 
     def text_lines(self, paths: list[str], prefix: bytes) -> DataFrame:
         """The lines of local text files as a buffer of encoded elements (`prefix`, the
@@ -132,14 +179,18 @@ class Datasets:
         """A stage output's rows tagged `tag` as input `index`, and its metric rows as input
         `metrics_tag`, in one pass over it (two selections of an unpersisted output would
         compute it twice)."""
-        is_metrics = F.col("tag") == metrics_tag
-        return out.where((F.col("tag") == tag) | is_metrics).select(
-            F.when(is_metrics, F.lit(metrics_tag)).otherwise(F.lit(index)).cast("int")
-            .alias("input"), "key", "value")
+        c = self._c
+        either = c.get(("tag or", tag, metrics_tag),
+                       lambda: c.tag_is(tag) | c.tag_is(metrics_tag))
+        number = c.get(("input or metrics", index, metrics_tag), lambda: F.when(
+            c.tag_is(metrics_tag), F.lit(metrics_tag)).otherwise(F.lit(index)).cast("int")
+            .alias("input"))
+        return out.where(either).select(number, c.col("key"), c.col("value"))
 
     def as_input(self, df: DataFrame, index: int) -> DataFrame:
         """A buffer's rows tagged as input number `index` of the reading stage."""
-        return df.select(F.lit(index).cast("int").alias("input"), "key", "value")
+        c = self._c
+        return df.select(c.int_literal(index, "input"), c.col("key"), c.col("value"))
 
     def union(self, dfs: list[DataFrame]) -> DataFrame:
         """Buffers (key, value) or stage inputs unioned; no parts is an empty input."""
@@ -147,14 +198,17 @@ class Datasets:
 
     def by_key(self, df: DataFrame) -> DataFrame:
         """Each key in exactly one partition, rows sorted by (key, input): the shuffle."""
-        return df.repartition(self.parallelism, "key").sortWithinPartitions("key", "input")
+        key = self._c.col("key")
+        return df.repartition(self.parallelism, key).sortWithinPartitions(
+            key, self._c.col("input"))
 
     def spread(self, df: DataFrame) -> DataFrame:
         """Rows dealt round-robin over the partitions (initial splits of splittable DoFns)."""
         return df.repartition(self.parallelism)
 
     def select_tag(self, df: DataFrame, tag: int) -> DataFrame:
-        return df.where(F.col("tag") == tag).select("key", "value")
+        c = self._c
+        return df.where(c.tag_is(tag)).select(c.col("key"), c.col("value"))
 
     # -- running stages ---------------------------------------------------------------------
 
@@ -190,7 +244,7 @@ class Datasets:
         return out.persist(StorageLevel.MEMORY_AND_DISK) if persist else out
 
     def collect_tag(self, df: DataFrame, tag: int) -> list[tuple[bytes | None, bytes]]:
-        rows = df.where(F.col("tag") == tag).select("key", "value").collect()
+        rows = self.select_tag(df, tag).collect()
         return [(None if r.key is None else bytes(r.key), bytes(r.value)) for r in rows]
 
     def master(self) -> str:
@@ -219,11 +273,11 @@ class Datasets:
         and the rows tagged `tag` of the stage outputs (their metric rows). Spark runs every
         stage these need, side by side where they are independent; nothing to gather is no
         action at all."""
-        parts = [df.select(F.lit(n).cast("int").alias("part"),
-                           F.lit(None).cast("binary").alias("key"), "value")
+        c = self._c
+        parts = [df.select(c.int_literal(n, "part"), c.null_key(), c.col("value"))
                  for n, df in enumerate(sides)]
-        parts += [out.where(F.col("tag") == tag)
-                  .select(F.lit(-1).cast("int").alias("part"), "key", "value")
+        parts += [out.where(c.tag_is(tag))
+                  .select(c.int_literal(-1, "part"), c.col("key"), c.col("value"))
                   for out in stage_outs]
         values: list[list[bytes]] = [[] for _ in sides]
         tagged: list[tuple[bytes | None, bytes]] = []
