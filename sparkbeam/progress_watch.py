@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from sparkbeam.control.metrics_channel import AttemptKey, AttemptReport, decode_attempt_key
@@ -132,11 +132,13 @@ class ProgressWatch:
         except Exception:  # noqa: BLE001 - the view is cosmetic: never fail the job
             _LOG.warning("%s: cannot draw progress", self._job_id, exc_info=True)
 
-    def _emit(self, *, final: bool) -> None:
+    def _emit(self, *, final: bool, committed: Iterable[AttemptKey] = ()) -> None:
         reports = self._collector.attempt_reports(self._job_id)
-        lines_of = self._tracker.final if final else self._tracker.changed
         try:
-            lines = lines_of(reports, dict(self._partitions))
+            if final:
+                lines = self._tracker.final(reports, dict(self._partitions), committed)
+            else:
+                lines = self._tracker.changed(reports, dict(self._partitions))
         except Exception:  # noqa: BLE001 - progress lines are cosmetic: never fail the job
             _LOG.warning("%s: cannot compute progress", self._job_id, exc_info=True)
             return
@@ -158,4 +160,4 @@ class ProgressWatch:
             time.sleep(0.05)
         self._stop.set()  # the live view draws the final numbers before it stops
         self._thread.join()
-        self._emit(final=True)
+        self._emit(final=True, committed=keys)

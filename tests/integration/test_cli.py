@@ -20,7 +20,7 @@ def test_sparkbeam_run_executes_the_wordcount_example(tmp_path) -> None:  # type
     out = tmp_path / "counts"
     proc = subprocess.run(
         [sys.executable, "-m", "sparkbeam.cli", "run", str(ROOT / "examples" / "wordcount.py"),
-         "--", "--output", str(out), "--spark_master=local[2]"],
+         "--", "--output", str(out), "--spark_master=local[2]", "--progress_interval=0.5"],
         capture_output=True, text=True, timeout=300, env=_env(), check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -28,6 +28,15 @@ def test_sparkbeam_run_executes_the_wordcount_example(tmp_path) -> None:  # type
     lines = [ln for f in tmp_path.glob("counts*") for ln in f.read_text().splitlines()]
     counts = dict(ln.rsplit(": ", 1) for ln in lines)
     assert counts["better"] == str(8 * 200)  # "better" appears 8 times in the Zen
+    # Progress lines on stderr: the counting stage read one element per distinct word, and
+    # each stage's last line says it finished all its tasks (the text read's too, whose task
+    # count Spark decides).
+    assert re.search(rf"stage-\d+ \[Count/[^\]]*Format[^\]]*\]: {len(counts)} elements, "
+                     r".* 100% \((\d+)/\1 tasks\)", proc.stderr), proc.stderr[-3000:]
+    last = dict(re.findall(r"(stage-\d+) \[.*\]: [\d,]+ elements, .* (\d+% \(\d+/\d+ tasks\))",
+                           proc.stderr))
+    assert len(last) >= 4, proc.stderr[-3000:]
+    assert all(re.fullmatch(r"100% \((\d+)/\1 tasks\)", v) for v in last.values()), last
 
 
 SPARK_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) ", re.M)

@@ -1,11 +1,8 @@
-"""Progress lines of running jobs: in SparkJob's messages and the job server's message stream."""
+"""Progress lines of running jobs: in SparkJob's messages and the job server's message stream
+(`sparkbeam run`'s, on stderr, are tests/integration/test_cli.py's word count)."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -112,25 +109,3 @@ def test_job_server_streams_progress_lines(tmp_path: Path) -> None:
         assert any(" [Slow]: 200 elements, " in t and " 100% (" in t for t in progress), texts
     finally:
         server.stop()
-
-
-def test_sparkbeam_run_shows_progress_lines(tmp_path: Path) -> None:
-    script = tmp_path / "grouped.py"
-    script.write_text(textwrap.dedent("""
-        import sys
-        import apache_beam as beam
-        from apache_beam.options.pipeline_options import PipelineOptions
-        with beam.Pipeline(options=PipelineOptions(sys.argv[1:])) as p:
-            _ = (p | "Numbers" >> beam.Create(range(300), reshuffle=False)
-                 | "Key" >> beam.Map(lambda x: (x, 1)) | "Group" >> beam.GroupByKey()
-                 | "Slow" >> beam.Map(lambda kv: kv))
-    """))
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkbeam.cli", "run", str(script), "--",
-         "--spark_master=local[2]", "--progress_interval=0.5"],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"stage-\d+ \[Slow\]: 300 elements, .* 100% \((\d+)/\1 tasks\)",
-                     proc.stderr), proc.stderr[-3000:]

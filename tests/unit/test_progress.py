@@ -183,6 +183,19 @@ def test_final_lines_cover_every_declared_stage() -> None:
     ]
 
 
+def test_a_committed_stage_had_as_many_tasks_as_it_committed_partitions() -> None:
+    """Spark made one task of a file read the driver guessed two for: done, not "50%"."""
+    tracker = ProgressTracker([_stage("stage-001", ["a"]), _stage("stage-002", ["b"])])
+    read = _report("stage-001", 0, [_elements("a", 5)], final=True)
+    reports = _by_key(read)
+    assert tracker.final(reports, {"stage-001": 2, "stage-002": 1}, [read.key]) == [
+        "stage-001 [ParDo(Read)]: 5 elements, ? B, 100% (1/1 tasks)",
+        "stage-002 [ParDo(Read)]: 0 elements, 0 B, 0% (0/1 tasks)",  # nothing committed
+    ]
+    assert tracker.final(reports, {"stage-001": 2, "stage-002": 1})[0].endswith(
+        "50% (1/2 tasks)")  # a failed job commits nothing: the guess stays
+
+
 def test_unreported_lists_committed_attempts_without_a_final_report() -> None:
     running = _report("stage-001", 0, [])
     done = _report("stage-001", 1, [], final=True)
