@@ -231,6 +231,7 @@ def test_read_offsets_are_committed_to_the_group_once_bundles_are_durable(kafka)
     assert [c.offset for c in committed] == [25, 25]
 
 
+@pytest.mark.slow  # its own broker, killed and started again: ~25 s, for the CI's budget
 def test_a_read_waits_through_a_broker_restart_without_loss(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The read asks for 200 records while the topic holds 100; the broker is killed (-9)
     and started again on its data, then the other 100 arrive: all 200 are read, once."""
