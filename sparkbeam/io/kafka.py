@@ -18,6 +18,7 @@ and what the partitions do not hold yet is shared evenly as records still to com
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -102,16 +103,20 @@ class _ReadPartition(beam.DoFn):
             yield from self._read(consumer, tp, element, restriction, finalizer, tracker,
                                   watermark)
         finally:
-            # An assigned consumer goes on fetching between bundles; nothing reads that.
-            consumer.unassign()
+            # An assigned consumer goes on fetching between bundles; nothing reads that. (A
+            # generator closed after teardown finds its consumer closed: nothing to stop.)
+            with contextlib.suppress(RuntimeError, client().KafkaException):
+                consumer.unassign()
 
     def _read(self, consumer: Any, tp: Any, element: Partition, restriction: OffsetRange,
               finalizer: Any, tracker: Any, watermark: Any) -> Iterator[Any]:
         began, claimed, last = time.monotonic(), 0, None
+        asked = Timestamp.now()  # before the question: a record appended after its answer
+        # is not in it, and was appended no earlier than this
         if (restriction.start < restriction.stop and not _past(element.deadline)
                 and _at_end(consumer, tp, self.poll_timeout_s)):
             # Nothing to read now (the broker's answer, not a poll's timeout): caught up.
-            advance(watermark, Timestamp.now())
+            advance(watermark, asked)
             tracker.defer_remainder(Duration(seconds=self.poll_timeout_s))
             return
         while True:
@@ -150,8 +155,10 @@ class _ReadPartition(beam.DoFn):
                 return
             if _caught_up(consumer, tp, position):
                 # Read up to the end the broker reported with these records: the next poll
-                # would only wait out its timeout, so this bundle ends here.
-                advance(watermark, now)
+                # would only wait out its timeout, so this bundle ends here. The watermark
+                # stays at the records' times: records may have arrived since that fetch (and
+                # downstream has been busy with these), so the wall clock now could make them
+                # late. The next bundle asks the broker again.
                 tracker.defer_remainder()
                 return
             if self.policy == PROCESSING_TIME:
@@ -200,20 +207,21 @@ def _poll(consumer: Any, wanted: int, timeout_s: float) -> list[Any]:
 
 
 def _at_end(consumer: Any, tp: Any, timeout_s: float) -> bool:
-    """Whether the broker says the partition holds no record at or after `tp`'s offset (its
-    high watermark, asked now). An unanswered question is not an answer: the poll decides."""
+    """Whether the broker says `tp`'s offset is the partition's end (its high watermark,
+    asked now). An unanswered question is not an answer, nor is an offset past the end (a
+    truncated log, a topic made again): the poll decides, as it did before this check."""
     try:
         high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)[1]
     except client().KafkaException:
         return False
-    return bool(high >= 0 and tp.offset >= high)
+    return bool(high >= 0 and tp.offset == high)
 
 
 def _caught_up(consumer: Any, tp: Any, position: int) -> bool:
     """Whether `position` is at the partition's end as of the last fetch response (the high
     watermark librdkafka caches from it; -1001 before any). Asked only after records came back,
-    so that response is from this assignment: a stale end would end the bundle early, and a
-    caught-up partition moves its watermark to the wall clock."""
+    so that response is from this assignment; it only ends the bundle, never moves the
+    watermark."""
     high = consumer.get_watermark_offsets(tp, cached=True)[1]
     return bool(high >= 0 and position >= high)
 
