@@ -12,11 +12,17 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from sparkbeam.control.metrics_channel import AttemptKey, AttemptReport, decode_attempt_key
-from sparkbeam.control.progress import ProgressTracker, StageProgress, format_bytes, unreported
+from sparkbeam.control.progress import (
+    ProgressTracker,
+    StageProgress,
+    committed_tasks,
+    format_bytes,
+    unreported,
+)
 
 _LOG = logging.getLogger(__name__)
 
@@ -132,13 +138,11 @@ class ProgressWatch:
         except Exception:  # noqa: BLE001 - the view is cosmetic: never fail the job
             _LOG.warning("%s: cannot draw progress", self._job_id, exc_info=True)
 
-    def _emit(self, *, final: bool, committed: Iterable[AttemptKey] = ()) -> None:
+    def _emit(self, *, final: bool) -> None:
         reports = self._collector.attempt_reports(self._job_id)
+        lines_of = self._tracker.final if final else self._tracker.changed
         try:
-            if final:
-                lines = self._tracker.final(reports, dict(self._partitions), committed)
-            else:
-                lines = self._tracker.changed(reports, dict(self._partitions))
+            lines = lines_of(reports, dict(self._partitions))
         except Exception:  # noqa: BLE001 - progress lines are cosmetic: never fail the job
             _LOG.warning("%s: cannot compute progress", self._job_id, exc_info=True)
             return
@@ -158,6 +162,8 @@ class ProgressWatch:
         while (unreported(keys, self._collector.attempt_reports(self._job_id))
                and time.monotonic() < deadline):
             time.sleep(0.05)
+        # The tasks each stage really had: the live view's last frame and the final lines.
+        self._partitions = committed_tasks(self._partitions, keys)
         self._stop.set()  # the live view draws the final numbers before it stops
         self._thread.join()
-        self._emit(final=True, committed=keys)
+        self._emit(final=True)

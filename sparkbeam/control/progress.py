@@ -191,19 +191,23 @@ class ProgressTracker:
         return lines
 
     def final(
-        self, reports: Mapping[AttemptKey, AttemptReport], partitions: Mapping[str, int],
-        committed: Iterable[AttemptKey] = (),
+        self, reports: Mapping[AttemptKey, AttemptReport], partitions: Mapping[str, int]
     ) -> list[str]:
-        """One line per stage declared, for the end of the job. A stage whose attempts were
-        committed had as many tasks as it committed partitions: the driver's count is a guess
-        where Spark decides (a file or table read), and a finished stage read "50% (1/2
-        tasks)" when Spark made one task of a file it had guessed two for."""
-        done: dict[str, set[int]] = {}
-        for key in committed:
-            done.setdefault(key.stage, set()).add(key.partition)
-        tasks = {label: len(done[label]) if label in done else n
-                 for label, n in partitions.items()}
-        return [p.line() for p in self.progress(reports, tasks) if p.label in tasks]
+        """One line per stage declared, for the end of the job."""
+        return [p.line() for p in self.progress(reports, partitions) if p.label in partitions]
+
+
+def committed_tasks(partitions: Mapping[str, int], committed: Iterable[AttemptKey]
+                    ) -> dict[str, int]:
+    """Tasks per declared stage once the job has ended: a stage whose attempts were committed
+    had as many tasks as it committed partitions. The driver's count is a guess where Spark
+    decides (a file or table read): a finished stage read "50% (1/2 tasks)" when Spark made
+    one task of a file it had guessed two for. Stages with nothing committed (a failed job)
+    keep the driver's count."""
+    done: dict[str, set[int]] = {}
+    for key in committed:
+        done.setdefault(key.stage, set()).add(key.partition)
+    return {label: len(done[label]) if label in done else n for label, n in partitions.items()}
 
 
 def unreported(committed: Iterable[AttemptKey], reports: Mapping[AttemptKey, AttemptReport]

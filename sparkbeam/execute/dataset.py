@@ -107,11 +107,14 @@ class Datasets:
         reads it a Python worker and the first job a second worker daemon (~1 s to start,
         with Beam's imports)."""
         c = self._c
-        literal = c.get(("value", value), lambda: F.lit(bytearray(value)).cast("binary")
-                        .alias("value")) if len(value) <= 64 else (
-            F.lit(bytearray(value)).cast("binary").alias("value"))
+
+        def literal() -> Column:
+            return F.lit(bytearray(value)).cast("binary").alias("value")
+
+        # Kept only when short: the impulse's few bytes, the same for every job.
+        value_column = c.get(("value", value), literal) if len(value) <= 64 else literal()
         return self.spark.range(0, count, 1, 1).select(
-            c.int_literal(0, "input"), c.null_key(), literal)
+            c.int_literal(0, "input"), c.null_key(), value_column)
 
     def text_lines(self, paths: list[str], prefix: bytes) -> DataFrame:
         """The lines of local text files as a buffer of encoded elements (`prefix`, the

@@ -13,6 +13,7 @@ from sparkbeam.control.progress import (
     ProgressTracker,
     StageInfo,
     StageProgress,
+    committed_tasks,
     format_bytes,
     stage_info,
     stage_progress,
@@ -188,11 +189,12 @@ def test_a_committed_stage_had_as_many_tasks_as_it_committed_partitions() -> Non
     tracker = ProgressTracker([_stage("stage-001", ["a"]), _stage("stage-002", ["b"])])
     read = _report("stage-001", 0, [_elements("a", 5)], final=True)
     reports = _by_key(read)
-    assert tracker.final(reports, {"stage-001": 2, "stage-002": 1}, [read.key]) == [
+    partitions = {"stage-001": 2, "stage-002": 1}
+    assert tracker.final(reports, committed_tasks(partitions, [read.key])) == [
         "stage-001 [ParDo(Read)]: 5 elements, ? B, 100% (1/1 tasks)",
         "stage-002 [ParDo(Read)]: 0 elements, 0 B, 0% (0/1 tasks)",  # nothing committed
     ]
-    assert tracker.final(reports, {"stage-001": 2, "stage-002": 1})[0].endswith(
+    assert tracker.final(reports, committed_tasks(partitions, []))[0].endswith(
         "50% (1/2 tasks)")  # a failed job commits nothing: the guess stays
 
 
