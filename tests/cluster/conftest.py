@@ -1,6 +1,7 @@
 """Fixtures of the cluster tier: a Spark Connect server and a standalone cluster (master plus
-one worker), each in child processes on 127.0.0.1, started once per test module and killed at
-its teardown (so the two never hold memory at the same time).
+two workers), each in child processes on 127.0.0.1. The Connect server is started once per test
+module, the standalone cluster once for the tier's modules (its start is ~8 s; the tier's last
+test, in `make test-slow`, kills one of its workers); each is killed at its teardown.
 
 Pipelines run in yet another child process (one Spark driver per process), so the local[2]
 session the rest of the test session shares is never touched.
@@ -147,7 +148,7 @@ def connect_server(cluster_tmp: str) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def standalone_master(cluster_tmp: str) -> Iterator[str]:
     with standalone_cluster(cluster_tmp) as url:
         yield url

@@ -77,6 +77,11 @@ def test_a_worker_that_never_connects_fails_the_job_naming_the_environment(tmp_p
         p.run().wait_until_finish()
 
 
+# A driver of its own (local[2,3], for retries) with PROCESS workers, ~30 s: `make test-slow`.
+# `make test` keeps its parts: a killed PROCESS worker fails its bundle and is replaced
+# (tests/component/test_grpc_worker.py), a retried task's metrics count once
+# (test_runner_behaviour.py).
+@pytest.mark.slow
 def test_killed_sdk_worker_is_retried_with_correct_output_and_metrics_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The SDK worker running a bundle is killed (SIGKILL) once; Spark retries the task
     (local[2,3] allows retries) on a fresh worker and the job finishes correctly."""

@@ -528,11 +528,16 @@ def test_a_test_stream_larger_than_spark_broadcasts_commands(tmp_path) -> None:
         assert_that(counts, equal_to([(f"key-{k:02d}", n // 50) for k in range(50)]))
 
 
+# Twelve side panes: more than the driver's compaction interval (8) and than the test's file
+# bound (10), so the bound fails unless the side files were compacted.
+PANES = 12
+
+
 def _split_stream(p):  # type: ignore[no-untyped-def]
     """Side and main elements of one TestStream, alternating, one event a micro-batch: side
-    value i, then main value 100 + i, for i < 20."""
+    value i, then main value 100 + i, for i < PANES."""
     script = []
-    for i in range(20):
+    for i in range(PANES):
         script += [("add", [("side", i, i)]), ("add", [("main", 100 + i, i)])]
     stream = p | events(*script)
     side = (stream | "Sides" >> beam.Filter(lambda kv: kv[0] == "side")
@@ -549,7 +554,7 @@ def test_a_slowly_updating_side_input_shows_its_latest_pane_and_its_files_stay_f
     """The slowly-updating side input pattern (a global window, a repeated trigger,
     discarding panes, read with AsSingleton): each main element sees the side input's latest
     pane (Beam's DirectRunner shows every pane, so AsSingleton fails there after the second);
-    its checkpoint files are compacted, so 20 panes leave at most 10 files."""
+    its checkpoint files are compacted, so 12 panes leave at most 10 files."""
     ckpt = tmp_path / "ckpt"
 
     def build(p):  # type: ignore[no-untyped-def]
@@ -561,7 +566,7 @@ def test_a_slowly_updating_side_input_shows_its_latest_pane_and_its_files_stay_f
                                                   "--parallelism=1"])
     pairs = sorted(eval(line) for line in actual)  # noqa: S307 - ours
     # Main value 100 + i comes one micro-batch after side value i, the latest pane then.
-    assert pairs == [(100 + i, i) for i in range(20)]
+    assert pairs == [(100 + i, i) for i in range(PANES)]
     (directory,) = [os.path.join(ckpt, "sides", d) for d in os.listdir(ckpt / "sides")]
     files = os.listdir(directory)
     assert len(files) <= 10 and any(f.endswith("-compact") for f in files), files
