@@ -517,8 +517,9 @@ def test_unbounded_source_read_in_checkpointed_bundles_ends_at_its_end(tmp_path)
 def test_a_test_stream_larger_than_spark_broadcasts_commands(tmp_path) -> None:
     # Over 1 MB of events: were they left in the components every operator carries, Spark
     # would broadcast transformWithState's command, which its driver-side runner cannot load.
-    n = 60_000
-    elements = [window.TimestampedValue((f"key-{i % 50:02d}", f"value-{i:08d}"), 1)
+    # Few elements of 512 bytes each: the size matters here, not the count.
+    n = 2_500
+    elements = [window.TimestampedValue((f"key-{i % 50:02d}", f"{i:08d}".ljust(512, "v")), 1)
                 for i in range(n)]
     options = PipelineOptions(["--streaming", f"--checkpoint_dir={tmp_path / 'ckpt'}",
                                "--parallelism=2"])
