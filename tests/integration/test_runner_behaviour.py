@@ -346,3 +346,25 @@ def test_an_impulse_is_made_by_the_jvm_without_a_python_worker(spark) -> None:  
     assert [tuple(r) for r in impulse.collect()] == [(0, None, bytearray(b"\x00\xffimpulse"))]
     assert empty.collect() == []
     assert [f.name for f in impulse.schema.fields] == ["input", "key", "value"]
+
+
+def test_python_workers_import_the_installed_pyspark_not_sparks_zip_of_it(spark) -> None:
+    """Workers forked from sparkbeam's daemon run PySpark from the installed package (cached
+    bytecode), not from $SPARK_HOME/python/lib/pyspark.zip, which Spark puts first on their
+    path and which Python would compile again in every daemon."""
+    import pyarrow as pa
+    import pyspark
+
+    def where(batches):  # type: ignore[no-untyped-def]
+        import sys
+
+        import pyspark as worker_pyspark
+        for _ in batches:
+            yield pa.RecordBatch.from_pydict({"file": [worker_pyspark.__file__],
+                                              "zip_on_path": [str([p for p in sys.path
+                                                                   if p.endswith(".zip")])]})
+
+    (row,) = spark.range(1).coalesce(1).mapInArrow(where, "file string, zip_on_path string"
+                                                   ).collect()
+    assert "pyspark.zip" in row.zip_on_path, row  # Spark did put the zip on the path
+    assert row.file == pyspark.__file__, row
