@@ -62,8 +62,8 @@ test-conformance: $(STAMP)
 
 # The kill -9 restart test, the portable suite's wall-clock timer tests and the job server's
 # full load tests (20 concurrent first jobs x3, 100 sequential jobs' memory), partitions added to a
-# Kafka topic while a read runs, a Kafka broker restarted under a read, and the lost-executor
-# cluster run (~18 min).
+# Kafka topic while a read runs, a Kafka broker restarted under a read, the lost-executor
+# cluster run, and a killed SDK worker's retried task (~19 min).
 test-slow: $(STAMP) $(KAFKA_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow tests
 
