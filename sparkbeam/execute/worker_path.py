@@ -18,15 +18,19 @@ _ZIP = os.path.join("python", "lib", "pyspark.zip")
 
 def installed_pyspark_first(path: list[str]) -> list[str]:
     """`path` (a `sys.path`) with the zips of installed PySpark packages moved to its end."""
-    moved = [entry for entry in path if _zip_of_installed_package(entry)]
+    on_path = {os.path.realpath(entry) for entry in path if entry}
+    moved = [entry for entry in path if _zip_of_installed_package(entry, on_path)]
     return [entry for entry in path if entry not in moved] + moved
 
 
-def _zip_of_installed_package(entry: str) -> bool:
+def _zip_of_installed_package(entry: str, on_path: set[str]) -> bool:
     if not entry.endswith(os.sep + _ZIP):
         return False
     package = entry[: -len(os.sep + _ZIP)]
-    # The zip's SPARK_HOME is an importable `pyspark` package (pip's layout), whose parent
-    # directory, the site directory that holds it, is on the path too.
-    return os.path.basename(package) == "pyspark" and os.path.isfile(
-        os.path.join(package, "__init__.py"))
+    # The zip's SPARK_HOME is an importable `pyspark` package (pip's layout) in a site
+    # directory this path holds, so the PySpark imported instead is that very package, the
+    # release the JVM runs. A worker whose Python has another PySpark (another environment's)
+    # keeps the zip first, as Spark put it.
+    return (os.path.basename(package) == "pyspark"
+            and os.path.isfile(os.path.join(package, "__init__.py"))
+            and os.path.realpath(os.path.dirname(package)) in on_path)

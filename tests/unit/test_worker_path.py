@@ -32,7 +32,18 @@ def test_the_zip_of_another_spark_installation_stays_first(tmp_path) -> None:
     # A directory named pyspark that is not a package: not what pip installs.
     other = tmp_path / "pyspark"
     other.mkdir()
-    assert installed_pyspark_first([_zip(str(other)), "x"]) == [_zip(str(other)), "x"]
+    assert installed_pyspark_first([_zip(str(other)), str(tmp_path)]) == [
+        _zip(str(other)), str(tmp_path)]
+
+
+def test_the_zip_stays_first_for_a_python_whose_path_lacks_its_site_directory(tmp_path) -> None:
+    # SPARK_HOME is another environment's installed pyspark: this worker's own PySpark (if
+    # any) may be another release than the JVM's, so the zip must keep winning.
+    elsewhere = tmp_path / "other-env" / "site-packages"
+    (elsewhere / "pyspark").mkdir(parents=True)
+    (elsewhere / "pyspark" / "__init__.py").write_text("")
+    path = [_zip(str(elsewhere / "pyspark")), str(tmp_path / "this-env" / "site-packages")]
+    assert installed_pyspark_first(path) == path
 
 
 def test_a_process_started_as_spark_starts_workers_imports_the_installed_pyspark() -> None:
