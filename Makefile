@@ -17,7 +17,7 @@ $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml setup.py sparkbeam_site.pth | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]" --config-settings editable_mode=compat
 	@touch $(STAMP)
@@ -72,10 +72,10 @@ test-conformance-streaming: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m streaming_full tests/conformance
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check sparkbeam tests
+	$(VENV)/bin/ruff check sparkbeam sparkbeam_site.py setup.py tests
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy sparkbeam
+	$(VENV)/bin/mypy sparkbeam sparkbeam_site.py
 
 bench: $(STAMP) $(KAFKA_STAMP) $(SPARK_KAFKA_STAMP) class-archive
 	bash bench/install.sh $(PY)

@@ -11,15 +11,15 @@ the sessions workload's map stage (parse, timestamp, assign sessions, encode; 20
 20.3 µs a line, 12.4 with Beam's objects frozen. Frozen pages also stay shared with the forked
 workers (a collection no longer writes to them).
 Used by the sessions sparkbeam creates (see `session_config`). PySpark is imported from the
-installed package, not from Spark's zip of it (`worker_path.py`: ~0.9 s less per daemon).
+installed package, not from Spark's zip of it (`sparkbeam_site.py`: ~0.9 s less per daemon);
+`sparkbeam_site.pth` already did that in an installed sparkbeam's environment, but a Python
+started without site processing did not run it.
 """
 from __future__ import annotations
 
-import sys
+import sparkbeam_site
 
-from sparkbeam.execute.worker_path import installed_pyspark_first
-
-sys.path[:] = installed_pyspark_first(sys.path)  # before anything imports pyspark
+sparkbeam_site.reorder_sys_path()  # before anything imports pyspark
 
 from sparkbeam.logs import quiet_beam_imports  # noqa: E402
 
