@@ -14,6 +14,10 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+from tests.support.jvm import apply_to_spark_submit  # noqa: E402
+
+apply_to_spark_submit()  # the C1-only JIT of tests/support/jvm.py, for every driver started
+
 # Every temporary file of the test run, in this process and in every process it starts (Spark's
 # Python workers, child drivers, the cluster's JVMs), goes under one directory removed when the
 # run ends: tests, Beam (each Pipeline makes a `beam-pipeline-temp` directory it never removes),

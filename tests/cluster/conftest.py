@@ -21,6 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.jvm import with_test_jit
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STARTUP_TIMEOUT = 60.0
 RUN_TIMEOUT = 170.0
@@ -48,7 +50,8 @@ def child_env(**extra: str) -> dict[str, str]:
         PYSPARK_DRIVER_PYTHON=sys.executable,
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_DAEMON_MEMORY="256m",
-        SPARK_DAEMON_JAVA_OPTS=archive_options(),  # the master's and the workers'
+        # The master's and the workers' (with the tests' JIT: tests/support/jvm.py).
+        SPARK_DAEMON_JAVA_OPTS=with_test_jit(archive_options()),
         PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p),
     )
     env.pop("SPARK_REMOTE", None)
@@ -203,5 +206,5 @@ def standalone_args(url: str, cores: int = 1) -> list[str]:
         "--spark_conf=spark.driver.bindAddress=127.0.0.1",
         "--spark_conf=spark.ui.enabled=false",
         f"--spark_conf=spark.cores.max={cores}",
-        *([f"--spark_conf=spark.executor.extraJavaOptions={archive}"] if archive else []),
+        f"--spark_conf=spark.executor.extraJavaOptions={with_test_jit(archive)}",
     ]

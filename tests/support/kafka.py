@@ -19,6 +19,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from tests.support.jvm import TEST_JIT
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JARS = os.environ.get("SPARKBEAM_KAFKA_JARS", os.path.join(ROOT, "build", "kafka", "jars"))
 
@@ -74,7 +76,8 @@ class KafkaBroker:
 
     def start(self, timeout_s: float = 60.0) -> KafkaBroker:
         properties = self._properties()
-        subprocess.run(["java", "-Xmx512m", "-cp", _classpath(), "kafka.tools.StorageTool",
+        subprocess.run(["java", "-Xmx512m", TEST_JIT, "-cp", _classpath(),
+                        "kafka.tools.StorageTool",
                         "format", "-t", uuid.uuid4().hex[:22], "-c", properties],
                        check=True, capture_output=True, timeout=timeout_s)
         return self._launch(timeout_s)
@@ -83,8 +86,8 @@ class KafkaBroker:
         properties = os.path.join(self.directory, "server.properties")
         log = open(os.path.join(self.directory, "broker.log"), "ab")  # noqa: SIM115 - kept
         self.process = subprocess.Popen(
-            ["java", "-Xmx512m", "-cp", _classpath(), "kafka.Kafka", properties], stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            ["java", "-Xmx512m", TEST_JIT, "-cp", _classpath(), "kafka.Kafka", properties],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
