@@ -77,22 +77,28 @@ def test_reorder_sys_path_fixes_a_path_that_site_did_not_reorder() -> None:
     assert reordered == pyspark.__file__
 
 
-def test_the_wheel_installs_the_site_hook_beside_the_packages(tmp_path) -> None:
-    # Built from a copy of the checkout, so the build writes nothing into it.
+def test_a_wheel_built_from_the_sdist_installs_the_site_hook_beside_the_packages(
+        tmp_path) -> None:
+    # Built from a copy of the checkout, so the build writes nothing into it; through an sdist
+    # (what pip builds from a source download), which must carry the .pth for the wheel.
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md", "sparkbeam_site.py",
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "sparkbeam_site.py",
                  "sparkbeam_site.pth"):
         shutil.copy(os.path.join(_ROOT, name), src / name)
     shutil.copytree(os.path.join(_ROOT, "sparkbeam"), src / "sparkbeam",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "sdist")],
+                   cwd=src, check=True, capture_output=True)
+    (sdist,) = (tmp_path / "sdist").iterdir()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
+                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(sdist)],
                    check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").iterdir()
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()
+        hook = whl.read("sparkbeam_site.pth").decode()
     # At the wheel's root: installed into the site directory itself, where site runs it.
     assert {"sparkbeam_site.pth", "sparkbeam_site.py", "sparkbeam/__init__.py"} <= set(names)
-    with zipfile.ZipFile(wheel) as whl, open(os.path.join(_ROOT, "sparkbeam_site.pth")) as pth:
-        assert whl.read("sparkbeam_site.pth").decode() == pth.read()
+    with open(os.path.join(_ROOT, "sparkbeam_site.pth")) as pth:
+        assert hook == pth.read()
