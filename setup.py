@@ -29,7 +29,14 @@ class BuildPyWithPth(build_py):
 
 class EditableWheelWithPth(editable_wheel):
     # An editable wheel holds only the .pth that points at the checkout (build_py's output is
-    # thrown away) plus what is written into the unpacked wheel: the .pth goes there.
+    # thrown away) plus what is written into the unpacked wheel: the .pth goes there, from
+    # setuptools' private step below. A setuptools without it fails the install, loudly.
+    def run(self) -> None:
+        if not hasattr(editable_wheel, "_run_build_commands"):
+            raise RuntimeError("this setuptools' editable_wheel has no _run_build_commands: "
+                               "setup.py cannot add sparkbeam_site.pth to an editable install")
+        super().run()
+
     def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):  # type: ignore[no-untyped-def]
         result = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
         shutil.copy(os.path.join(HERE, PTH), os.path.join(unpacked_wheel, PTH))

@@ -14,8 +14,13 @@ stays where Spark put it.
 This is a top-level module, not part of the `sparkbeam` package, because `sparkbeam_site.pth`
 (installed beside it in the site directory) runs it in every Python process Spark starts, where
 no sparkbeam code runs before PySpark's own `-m` module imports PySpark: it must not import
-sparkbeam's package (whose `__init__` sets up logging). The daemon (`sparkbeam.execute.daemon`)
-calls it too, for a Python started without site processing.
+sparkbeam's package (whose `__init__` sets up logging). The .pth imports this module only in a
+process whose PYTHONPATH names `pyspark.zip`, and only if it is importable (an editable install
+whose checkout moved prints nothing). It finds the installed PySpark only when pyspark's site
+directory is already on the path as the .pth runs: both in one site directory (a virtualenv,
+pip's usual layout), or pyspark's processed first; otherwise (sparkbeam in the user site,
+pyspark in the system's) the zip stays first. The daemon (`sparkbeam.execute.daemon`) calls it
+too, for a Python started without site processing.
 """
 from __future__ import annotations
 

@@ -91,8 +91,9 @@ def test_a_wheel_built_from_the_sdist_installs_the_site_hook_beside_the_packages
     subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "sdist")],
                    cwd=src, check=True, capture_output=True)
     (sdist,) = (tmp_path / "sdist").iterdir()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(sdist)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index",
+                    "--disable-pip-version-check", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(sdist)],
                    check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").iterdir()
     with zipfile.ZipFile(wheel) as whl:
@@ -102,3 +103,14 @@ def test_a_wheel_built_from_the_sdist_installs_the_site_hook_beside_the_packages
     assert {"sparkbeam_site.pth", "sparkbeam_site.py", "sparkbeam/__init__.py"} <= set(names)
     with open(os.path.join(_ROOT, "sparkbeam_site.pth")) as pth:
         assert hook == pth.read()
+
+
+def test_the_hook_is_silent_where_sparkbeam_site_cannot_be_imported(tmp_path) -> None:
+    # An editable install whose checkout moved: the .pth stays, its module is gone.
+    shutil.copy(os.path.join(_ROOT, "sparkbeam_site.pth"), tmp_path / "sparkbeam_site.pth")
+    env = dict(os.environ, PYTHONPATH=_zip(os.path.dirname(pyspark.__file__)))
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", f"import site; site.addsitedir({str(tmp_path)!r}); "
+                                     "import sys; print('sparkbeam_site' in sys.modules)"],
+        env=env, check=True, capture_output=True, text=True, cwd=tmp_path)
+    assert (done.stdout.strip(), done.stderr) == ("False", "")
