@@ -1,4 +1,5 @@
-"""Spark's Python processes import the installed PySpark, not Spark's zip of it (pure).
+"""Spark's Python processes import the installed PySpark, not Spark's zip of it (no pyspark,
+standard library only; `reorder_sys_path` changes this process's `sys.path`, nothing else does).
 
 Spark puts `$SPARK_HOME/python/lib/pyspark.zip` first on the PYTHONPATH of every Python process
 it starts. With a pip-installed PySpark, SPARK_HOME is that package's own directory and the zip
