@@ -43,6 +43,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import Columns
+from sparkbeam.engine.direct_sessions import encode_into_sessions, sessions_gap
 from sparkbeam.engine.direct_steps import (
     Fallback,
     Step,
@@ -170,6 +171,12 @@ class DirectRun:
         self.table: dict[Any, Any] = {}  # key -> [accumulator], or an inline int
         self.infos: list[metrics_pb2.MonitoringInfo] = []
         self.counts = [0] * len(program.pcollections)
+        # A last WindowInto(Sessions) before a keyed output: encoded from micros
+        # (`engine/direct_sessions.py`).
+        gap = sessions_gap(self.steps[-1]) if self.steps else None
+        self.sessions_last = (
+            (self.steps[-1], gap) if gap is not None and program.combine is None
+            and program.kv_impls is not None else None)
 
     def run(self, columns: Iterator[Columns],
             fallback: Callable[[Iterator[Columns]], Iterator[OutRow]]) -> Iterator[OutRow]:
@@ -225,7 +232,8 @@ class DirectRun:
                 return sampler.scoped_state(NameContext(name, transform_id), "process",
                                             metrics_container=container)
 
-            for step in self.steps:
+            last = self.sessions_last
+            for step in self.steps if last is None else self.steps[:-1]:
                 with scope(step.transform_id, step.name):
                     values, src = apply_step(step, values, src, wvs)
                 counts.append(len(values))
@@ -233,6 +241,16 @@ class DirectRun:
                 with scope(program.combine.transform_id, program.combine.name):
                     rows = self._combine(values)
                 counts.append(0)  # counted when the table is flushed
+            elif last is not None:
+                step, gap = last
+                with scope(step.transform_id, step.name):
+                    assert program.kv_impls is not None
+                    fast = encode_into_sessions(step, gap, values, src, wvs,
+                                                program.out_impl, program.kv_impls)
+                    if fast is None:
+                        values, src = apply_step(step, values, src, wvs)
+                counts.append(len(values))
+                rows = self._encode(values, src, wvs) if fast is None else fast
             else:
                 rows = self._encode(values, src, wvs)
         except Fallback:

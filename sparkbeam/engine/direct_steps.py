@@ -116,7 +116,7 @@ def _stamped(window_fn: Any, out: list[Any], src: list[int] | None, wvs: list[Wi
         at = 0 if src is None else src[k]
         if isinstance(result, TimestampedValue):
             windowed = WindowedValue(result.value, result.timestamp,
-                                     _assigned(window_fn, result.timestamp, result.value))
+                                     assigned(window_fn, result.timestamp, result.value))
             if len(wvs[at].windows) != 1:
                 windowed.windows *= len(wvs[at].windows)
             wvs.append(windowed)
@@ -139,12 +139,12 @@ def _window_into(window_fn: Any, values: list[Any], src: list[int] | None,
             raise Fallback()
         timestamp = wv.timestamp
         wvs.append(WindowedValue(value, timestamp,
-                                 _assigned(window_fn, timestamp, value, wv.windows[0])))
+                                 assigned(window_fn, timestamp, value, wv.windows[0])))
         value_src.append(len(wvs) - 1)
     return values, value_src
 
 
-def _assigned(window_fn: Any, timestamp: Any, element: Any, window: Any = None) -> Any:
+def assigned(window_fn: Any, timestamp: Any, element: Any, window: Any = None) -> Any:
     """`window_fn.assign` of an `AssignContext(timestamp, element, window)`. Beam's own
     GlobalWindows assigns `[GlobalWindow()]`, its singleton, whose __init__ reads a constant
     from a proto enum each time (~1.5 µs, as much as the rest of a step): the same object,

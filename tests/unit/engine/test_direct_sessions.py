@@ -1,0 +1,89 @@
+"""A direct stage ending in WindowInto(Sessions), encoded from micros
+(`engine/direct_sessions.py`): byte for byte the bundle processor's rows, and the general way
+for what it does not cover."""
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+
+import apache_beam as beam
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkbeam.engine import direct_sessions
+from sparkbeam.engine.direct import DirectProgram, DirectRun
+from sparkbeam.plan.batch import plan_batch
+from sparkbeam.plan.native_text import varint
+from tests.unit.engine.test_direct import _batch, _both_paths
+
+_GAPS = (1, 30, 0.0005)  # seconds; the last one half a millisecond
+
+
+def _stamp(line: str) -> object:
+    key, at, value = line.split(",")
+    return window.TimestampedValue((int(key), int(value)), Timestamp(micros=int(at)))
+
+
+@functools.cache
+def _plan(gap: float):  # type: ignore[no-untyped-def]
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "in.txt")
+    with open(path, "w") as f:
+        f.write("1,2,3\n")
+    p = beam.Pipeline()
+    _ = (p | beam.io.ReadFromText(path)
+         | "Stamp" >> beam.Map(_stamp)
+         | "Into" >> beam.WindowInto(window.Sessions(gap))
+         | beam.GroupByKey())
+    plan = plan_batch(p.to_runner_api())
+    stage = next(s for s in plan.stages if "Into" in s.transforms)
+    assert stage.direct is not None, plan.decisions
+    return plan, stage, next(iter(plan.text_reads.values())).prefix
+
+
+_MICROS = (st.integers(-(10**13), 10**13)
+           | st.sampled_from([-1, -999, -1000, -1001, -1500, 0, 1, 499, 500, 999, 1000, 1001,
+                              MIN_TIMESTAMP.micros, MIN_TIMESTAMP.micros + 1,
+                              MAX_TIMESTAMP.micros - 10**7, MAX_TIMESTAMP.micros]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(-3, 3), _MICROS,
+                                 st.integers(0, 2**40)), min_size=1, max_size=30),
+       gap=st.sampled_from(_GAPS))
+def test_session_windows_encoded_from_micros_are_the_bundle_processors(events, gap) -> None:  # type: ignore[no-untyped-def]
+    """Negative and sub-millisecond timestamps, a gap shorter than a millisecond, window ends
+    Beam clamps at the maximum timestamp: byte for byte."""
+    plan, stage, prefix = _plan(gap)
+    lines = [f"{k},{at},{v}".encode() for k, at, v in events]
+    direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
+                                                      for s in lines])])
+    assert direct == beams
+
+
+def test_the_stage_takes_the_micros_encoding(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The pipeline above does go that way (so the test above compares it), and a batch it
+    refuses goes the general way with the same rows."""
+    plan, stage, prefix = _plan(30)
+    assert DirectRun(DirectProgram(stage, plan.components)).sessions_last is not None
+    calls: list[bool] = []
+    real = direct_sessions.encode_into_sessions
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        rows = real(*args, **kwargs)
+        calls.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr("sparkbeam.engine.direct.encode_into_sessions", spy)
+    lines = [b"1,5000000,7", b"2,-1500,8"]
+    batch = _batch([prefix + varint(len(s)) + s for s in lines])
+    direct, beams = _both_paths(plan, stage, [batch])
+    assert calls == [True] and direct == beams
+    # A window end past the maximum timestamp, which Beam clamps.
+    late = f"2,{MAX_TIMESTAMP.micros},2".encode()
+    refused = _batch([prefix + varint(len(s)) + s for s in [b"1,0,7", late]])
+    direct, beams = _both_paths(plan, stage, [refused])
+    assert calls == [True, False] and direct == beams
