@@ -43,6 +43,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils import windowed_value
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
+from sparkbeam.engine.window_coders import faster_impl
 from sparkbeam.plan.model import Grouping
 
 # The one pane the default trigger gives a window in batch (see the module doc).
@@ -97,8 +98,9 @@ class ByWindowGrouper:
 
     def __init__(self, grouping: Grouping, ctx: Any) -> None:
         windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
-        self._pre = ctx.coders[grouping.input_coder_id].get_impl()
-        self._post = ctx.coders[grouping.output_coder_id].get_impl()
+        # Sessions' windows coded without Timestamp objects (`engine/window_coders.py`).
+        self._pre = faster_impl(ctx.coders[grouping.input_coder_id])
+        self._post = faster_impl(ctx.coders[grouping.output_coder_id])
         self._window_fn = windowing.windowfn
         self._merging = windowing.windowfn.is_merging()
         # Beam's own Sessions merges on integer micros here (`_merge_sessions`); any other

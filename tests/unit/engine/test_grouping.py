@@ -26,9 +26,14 @@ COMBINERS = [window.TimestampCombiner.OUTPUT_AT_EOW, window.TimestampCombiner.OU
 MODES = [trigger.AccumulationMode.DISCARDING, trigger.AccumulationMode.ACCUMULATING]
 
 
-def _grouping(windowing: Windowing, by_window: bool) -> tuple[Grouping, PipelineContext]:
+def _grouping(windowing: Windowing, by_window: bool, prefixed: bool = False
+              ) -> tuple[Grouping, PipelineContext]:
     ctx = PipelineContext()
     window_coder = windowing.windowfn.get_window_coder()
+    if prefixed and isinstance(window_coder, coders.IntervalWindowCoder):
+        # As a pipeline's GroupByKey has it (sparkbeam's `engine/window_coders.py` codes it).
+        window_coder = coders.TimestampPrefixingWindowCoder(
+            coders.LengthPrefixCoder(window_coder))
     pre = coders.WindowedValueCoder(
         coders.TupleCoder([coders.StrUtf8Coder(), coders.VarIntCoder()]), window_coder)
     post = coders.WindowedValueCoder(
@@ -62,17 +67,17 @@ _EVENTS = st.lists(st.tuples(_MICROS, st.integers(-(2 ** 63), 2 ** 63 - 1)),
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(wfn=st.sampled_from(WINDOW_FNS), combiner=st.sampled_from(COMBINERS),
        mode=st.sampled_from(MODES), lateness=st.sampled_from([0, 10]),
-       key=st.sampled_from(["a", "é", ""]), events=_EVENTS)
+       key=st.sampled_from(["a", "é", ""]), events=_EVENTS, prefixed=st.booleans())
 def test_by_window_equals_beams_trigger_driver(wfn, combiner, mode, lateness, key,  # type: ignore[no-untyped-def]
-                                               events) -> None:
+                                               events, prefixed) -> None:
     windowing = Windowing(wfn, triggerfn=trigger.DefaultTrigger(), accumulation_mode=mode,
                           timestamp_combiner=combiner, allowed_lateness=lateness)
     if windowing.is_default():  # GroupingBuffer's own list: not the runner's to group
         assert not groups_by_window(windowing.to_runner_api(PipelineContext()))
         return
     assert groups_by_window(windowing.to_runner_api(PipelineContext()))
-    ours, ctx = _grouping(windowing, by_window=True)
-    beams, _ = _grouping(windowing, by_window=False)
+    ours, ctx = _grouping(windowing, by_window=True, prefixed=prefixed)
+    beams, _ = _grouping(windowing, by_window=False, prefixed=prefixed)
     values = _encoded(windowing, ours, ctx, key, events)
     by_window = grouper_for(ours, ctx)
     assert isinstance(by_window, ByWindowGrouper)
@@ -112,10 +117,11 @@ def test_merged_sessions_keep_the_drivers_pane_and_value_order() -> None:
     [(0, 1), (4_999_999, 2), (9_999_998, 3)],  # a chain of overlaps: one session
     [(7_000_000, 1), (0, 2), (3_000_000, 3), (20_000_000, 4), (7_000_000, 5)],  # out of order
 ])
-def test_sessions_edges_equal_beams_driver(events) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("prefixed", [False, True])
+def test_sessions_edges_equal_beams_driver(events, prefixed) -> None:  # type: ignore[no-untyped-def]
     windowing = Windowing(window.Sessions(5))
-    ours, ctx = _grouping(windowing, by_window=True)
-    beams, _ = _grouping(windowing, by_window=False)
+    ours, ctx = _grouping(windowing, by_window=True, prefixed=prefixed)
+    beams, _ = _grouping(windowing, by_window=False, prefixed=prefixed)
     values = _encoded(windowing, ours, ctx, "k", events)
     assert grouper_for(ours, ctx).group(values) == TriggerDriverGrouper(beams, ctx).group(values)
 

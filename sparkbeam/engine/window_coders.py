@@ -1,0 +1,66 @@
+"""Beam's `TimestampPrefixingWindowCoder` for interval windows, without Timestamp objects
+(no pyspark).
+
+A GroupByKey under Sessions encodes its windows with that coder: each window's
+`max_timestamp()` (TimestampCoderImpl's 8 bytes), then the window itself (here Beam's
+`IntervalWindowCoder`, length-prefixed). Beam's impl decodes the prefix into a `Timestamp` it
+drops, and encodes it from `window.max_timestamp()`, which makes two (the end, its
+predecessor). In a sessions reduce stage that is ~2.5 Timestamp objects an event, at ~1 µs each
+in Beam 2.77. `faster_impl` gives the same coder's impl with those steps on integers: the prefix
+is read and skipped (what Beam decodes is the window after it, as here), and a Beam
+`IntervalWindow`'s prefix is written from its end's micros less one (its `max_timestamp()`),
+by TimestampCoderImpl's rule. Any other window, and one whose end is at a bound of Beam's
+timestamps, is encoded by Beam's own impl. Used by the batch grouping (`engine/grouping.py`),
+whose windows are decoded ones or merged from them at micros precision: a window built from
+nanosecond-precision Timestamps (whose `max_timestamp()` is a nanosecond before its end) is
+not one it meets.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from apache_beam.coders import coder_impl, coders
+from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+_SHIFT = 1 << 63
+_MIN_MICROS = MIN_TIMESTAMP.micros
+_MAX_MICROS = MAX_TIMESTAMP.micros
+
+
+class _PrefixedIntervalImpl(coder_impl.StreamCoderImpl):
+    def __init__(self, beams: Any, window: Any) -> None:
+        self._beams = beams  # Beam's TimestampPrefixingWindowCoderImpl
+        self._window = window  # the prefixed window's own impl
+
+    def encode_to_stream(self, value: Any, out: Any, nested: bool) -> None:
+        # At the bounds, a window made of Timestamps past them keeps its clamped micros but
+        # its unclamped end, which is what Beam's max_timestamp() reads: Beam's way there.
+        end = value._end_micros if type(value) is IntervalWindow else None  # noqa: SLF001
+        if end is None or not _MIN_MICROS < end < _MAX_MICROS:
+            self._beams.encode_to_stream(value, out, nested)
+            return
+        millis = (end - 1) // 1000
+        out.write_bigendian_int64(millis - _SHIFT if millis >= 0 else millis + _SHIFT)
+        self._window.encode_to_stream(value, out, nested)
+
+    def decode_from_stream(self, in_stream: Any, nested: bool) -> Any:
+        in_stream.read_bigendian_int64()
+        return self._window.decode_from_stream(in_stream, nested)
+
+    def estimate_size(self, value: Any, nested: bool = False) -> int:
+        return int(self._beams.estimate_size(value, nested))
+
+
+def faster_impl(coder: Any) -> Any:
+    """`coder`'s impl; for a windowed value coder whose windows Beam's own
+    `TimestampPrefixingWindowCoder` encodes, the same encoding through `_PrefixedIntervalImpl`."""
+    if not isinstance(coder, coders.WindowedValueCoder):
+        return coder.get_impl()
+    windows = coder.window_coder
+    if type(windows) is not coders.TimestampPrefixingWindowCoder:
+        return coder.get_impl()
+    inner = windows._get_component_coders()[0]  # noqa: SLF001 - its one component
+    return coder_impl.WindowedValueCoderImpl(
+        coder.wrapped_value_coder.get_impl(), coder.timestamp_coder.get_impl(),
+        _PrefixedIntervalImpl(windows.get_impl(), inner.get_impl()))
