@@ -43,7 +43,11 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import Columns
-from sparkbeam.engine.direct_sessions import encode_into_sessions, sessions_gap
+from sparkbeam.engine.direct_sessions import (
+    encode_into_sessions,
+    sessions_gap,
+    window_layout,
+)
 from sparkbeam.engine.direct_steps import (
     Fallback,
     Step,
@@ -104,6 +108,7 @@ class DirectProgram:
                 and len(out_coder.wrapped_value_coder.coders()) == 2
                 and out_coder.wrapped_value_coder.coders()[0] == ctx.coders[out.key_coder_id]):
             self.kv_impls = tuple(c.get_impl() for c in out_coder.wrapped_value_coder.coders())
+        self.window_layout = window_layout(out_coder)  # `engine/direct_sessions.py`
         # A text read's lines (Spark's text source) share one window, timestamp and pane:
         # their values are cut out of the batch's buffer at once (`text_lines`).
         self.line_prefix = wire_prefix(self.in_impl)
@@ -174,9 +179,10 @@ class DirectRun:
         # A last WindowInto(Sessions) before a keyed output: encoded from micros
         # (`engine/direct_sessions.py`).
         gap = sessions_gap(self.steps[-1]) if self.steps else None
+        layout = program.window_layout
         self.sessions_last = (
-            (self.steps[-1], gap) if gap is not None and program.combine is None
-            and program.kv_impls is not None else None)
+            (self.steps[-1], gap, layout) if gap is not None and layout is not None
+            and program.combine is None and program.kv_impls is not None else None)
 
     def run(self, columns: Iterator[Columns],
             fallback: Callable[[Iterator[Columns]], Iterator[OutRow]]) -> Iterator[OutRow]:
@@ -242,11 +248,11 @@ class DirectRun:
                     rows = self._combine(values)
                 counts.append(0)  # counted when the table is flushed
             elif last is not None:
-                step, gap = last
+                step, gap, prefixed = last
                 with scope(step.transform_id, step.name):
                     assert program.kv_impls is not None
                     fast = encode_into_sessions(step, gap, values, src, wvs,
-                                                program.out_impl, program.kv_impls)
+                                                program.out_impl, program.kv_impls, prefixed)
                     if fast is None:
                         values, src = apply_step(step, values, src, wvs)
                 counts.append(len(values))

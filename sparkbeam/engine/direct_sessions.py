@@ -10,9 +10,11 @@ one window (its end in milliseconds, shifted by 2**63, then the span in millisec
 varint, as `IntervalWindowCoderImpl` writes it, length-prefixed after the window's last
 millisecond where the stage's coder is Beam's `TimestampPrefixingWindowCoder` of it), the
 default pane, the key and the value.
-The first element of every batch is also encoded Beam's way; any difference, an element not
-in exactly one window, a value that is not a pair, or a window end Beam would clamp, and the
-batch takes `_window_into` and the general encoding instead.
+Which of those two the stage's coder writes is read off the coder (`window_layout`). The
+first element of every batch is also encoded Beam's way; any difference (the pane must be its
+one byte), an element not in exactly one window, a value that is not a pair, or a window end
+past the maximum timestamp, and the batch takes `_window_into` and the general encoding
+instead.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from apache_beam.coders import coders
 from apache_beam.transforms.window import Sessions
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
@@ -42,6 +45,21 @@ def sessions_gap(step: Step) -> int | None:
     return int(fn.gap_size.micros) if type(fn) is Sessions else None
 
 
+def window_layout(out_coder: Any) -> bool | None:
+    """How the stage's output coder writes a session window: False for Beam's
+    `IntervalWindowCoder`, True for it length-prefixed inside `TimestampPrefixingWindowCoder`
+    (what a GroupByKey's input has), None for anything else (no such encoding here)."""
+    windows = getattr(out_coder, "window_coder", None)
+    if type(windows) is coders.IntervalWindowCoder:
+        return False
+    if type(windows) is coders.TimestampPrefixingWindowCoder:
+        inner = windows._get_component_coders()[0]  # noqa: SLF001 - its one component
+        if (type(inner) is coders.LengthPrefixCoder
+                and type(inner._get_component_coders()[0]) is coders.IntervalWindowCoder):  # noqa: SLF001
+            return True
+    return None
+
+
 def _lead(micros: int, gap: int, prefixed: bool) -> bytes:
     """The bytes of an element at `micros` in its session window, before its pane's. The
     window is `IntervalWindowCoderImpl`'s (its end's milliseconds, then its span's); when
@@ -58,9 +76,10 @@ def _lead(micros: int, gap: int, prefixed: bool) -> bytes:
 
 def encode_into_sessions(step: Step, gap: int, values: list[Any], src: list[int] | None,
                          wvs: list[WindowedValue], out_impl: Any,
-                         kv_impls: tuple[Any, Any]) -> list[OutRow] | None:
+                         kv_impls: tuple[Any, Any], prefixed: bool) -> list[OutRow] | None:
     """Each (key, value) of the batch assigned its session window by `step` and encoded as
-    the stage's keyed output; None when the batch must go the general way."""
+    the stage's keyed output (`prefixed`: its window coder is the timestamp-prefixing one, from
+    `window_layout`); None when the batch must go the general way."""
     if not values:
         return []
     key_of, value_of = (impl.encode_nested for impl in kv_impls)
@@ -73,11 +92,10 @@ def encode_into_sessions(step: Step, gap: int, values: list[Any], src: list[int]
     tail = key_of(v0[0]) + value_of(v0[1])
     if not beams.endswith(tail):
         return None
-    for prefixed in (False, True):
-        lead = _lead(first.timestamp_micros, gap, prefixed)
-        if beams.startswith(lead):
-            break
-    else:
+    lead = _lead(first.timestamp_micros, gap, prefixed)
+    # The default pane is one byte; checking its length too keeps a window's bytes from
+    # passing for the pane's.
+    if not beams.startswith(lead) or len(beams) - len(tail) - len(lead) != 1:
         return None
     pane = beams[len(lead):len(beams) - len(tail)]
     rows: list[OutRow] = []

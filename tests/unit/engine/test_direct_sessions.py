@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+from unittest import mock
 
 import apache_beam as beam
 from apache_beam.transforms import window
@@ -19,7 +20,9 @@ from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.native_text import varint
 from tests.unit.engine.test_direct import _batch, _both_paths
 
-_GAPS = (1, 30, 0.0005)  # seconds; the last one half a millisecond
+# Seconds: half a millisecond; 8.5 and 9 ms, whose one-byte spans are as long as the
+# prefixed window coder's length byte (a plain-window reading of its bytes must not pass).
+_GAPS = (1, 30, 0.0005, 0.0085, 0.009)
 
 
 def _stamp(line: str) -> object:
@@ -44,24 +47,43 @@ def _plan(gap: float):  # type: ignore[no-untyped-def]
     return plan, stage, next(iter(plan.text_reads.values())).prefix
 
 
-_MICROS = (st.integers(-(10**13), 10**13)
-           | st.sampled_from([-1, -999, -1000, -1001, -1500, 0, 1, 499, 500, 999, 1000, 1001,
-                              MIN_TIMESTAMP.micros, MIN_TIMESTAMP.micros + 1,
-                              MAX_TIMESTAMP.micros - 10**7, MAX_TIMESTAMP.micros]))
+_MICROS = st.one_of(
+    st.integers(-(10**13), 10**13),
+    st.sampled_from([-1, -999, -1000, -1001, -1500, 0, 1, 499, 500, 999, 1000, 1001]))
+# At most one timestamp at Beam's bounds a batch, so most batches take the micros encoding.
+_EXTREME = st.sampled_from([MIN_TIMESTAMP.micros, MIN_TIMESTAMP.micros + 1,
+                            MAX_TIMESTAMP.micros - 10**7, MAX_TIMESTAMP.micros])
 
 
-@settings(max_examples=150, deadline=None)
-@given(events=st.lists(st.tuples(st.integers(-3, 3), _MICROS,
-                                 st.integers(0, 2**40)), min_size=1, max_size=30),
-       gap=st.sampled_from(_GAPS))
-def test_session_windows_encoded_from_micros_are_the_bundle_processors(events, gap) -> None:  # type: ignore[no-untyped-def]
-    """Negative and sub-millisecond timestamps, a gap shorter than a millisecond, window ends
-    Beam clamps at the maximum timestamp: byte for byte."""
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(-3, 3), _MICROS, st.integers(0, 2**40)),
+                       min_size=1, max_size=30),
+       extreme=st.none() | _EXTREME, gap=st.sampled_from(_GAPS))
+def test_session_windows_encoded_from_micros_are_the_bundle_processors(  # type: ignore[no-untyped-def]
+        events, extreme, gap) -> None:
+    """Negative and sub-millisecond timestamps, gaps of less than a millisecond and of 8.5 and
+    9 ms, a window end past the maximum timestamp: byte for byte. A batch with no timestamp
+    at the bounds takes the micros encoding."""
     plan, stage, prefix = _plan(gap)
+    if extreme is not None:
+        events = [*events, (1, extreme, 5)]
     lines = [f"{k},{at},{v}".encode() for k, at, v in events]
-    direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
-                                                      for s in lines])])
+    calls: list[bool] = []
+    real = direct_sessions.encode_into_sessions
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        rows = real(*args)
+        calls.append(rows is not None)
+        return rows
+
+    with mock.patch("sparkbeam.engine.direct.encode_into_sessions", spy):
+        direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
+                                                          for s in lines])])
     assert direct == beams
+    in_bounds = all(MIN_TIMESTAMP.micros <= at and at + gap * 1e6 <= MAX_TIMESTAMP.micros - 10**6
+                    for _, at, _ in events)
+    if in_bounds:
+        assert calls == [True]
 
 
 def test_the_stage_takes_the_micros_encoding(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -72,8 +94,8 @@ def test_the_stage_takes_the_micros_encoding(monkeypatch) -> None:  # type: igno
     calls: list[bool] = []
     real = direct_sessions.encode_into_sessions
 
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        rows = real(*args, **kwargs)
+    def spy(*args):  # type: ignore[no-untyped-def]
+        rows = real(*args)
         calls.append(rows is not None)
         return rows
 
