@@ -98,17 +98,26 @@ class ByWindowGrouper:
 
     def __init__(self, grouping: Grouping, ctx: Any) -> None:
         windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
-        # Sessions' windows coded without Timestamp objects (`engine/window_coders.py`).
-        self._pre = faster_impl(ctx.coders[grouping.input_coder_id])
-        self._post = faster_impl(ctx.coders[grouping.output_coder_id])
         self._window_fn = windowing.windowfn
         self._merging = windowing.windowfn.is_merging()
         # Beam's own Sessions merges on integer micros here (`_merge_sessions`); any other
         # merging window function through its `merge`.
         self._sessions = type(windowing.windowfn) is Sessions
+        # The output's windows are decoded ones or `_merge_sessions`' (ends at micros
+        # precision), unless another merging WindowFn made them: its windows' ends may be
+        # Timestamps of a coarser precision, whose `max_timestamp()` is a whole unit of it
+        # before the end, not a microsecond.
+        micros_ends = self._sessions or not self._merging
+        # Windows coded without Timestamp objects (`engine/window_coders.py`): decoding only
+        # skips the max-timestamp prefix, so it is exact for any window.
+        self._pre = faster_impl(ctx.coders[grouping.input_coder_id])
+        post = ctx.coders[grouping.output_coder_id]
+        self._post = faster_impl(post) if micros_ends else post.get_impl()
         self._stamp = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
-        # Beam's own combiners' results, computed on micros (`_output_micros`).
-        self._stamp_kind = _STAMP_KINDS.get(type(self._stamp), "")
+        # Beam's own combiners' results, computed on micros (`_output_micros`); the end of a
+        # window only where its end is at micros precision.
+        kind = _STAMP_KINDS.get(type(self._stamp), "")
+        self._stamp_kind = "" if kind == "end" and not micros_ends else kind
 
     def group(self, values: list[bytes]) -> list[bytes]:
         stream = create_InputStream(b"".join(values))

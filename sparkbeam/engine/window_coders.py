@@ -10,10 +10,12 @@ in Beam 2.77. `faster_impl` gives the same coder's impl with those steps on inte
 is read and skipped (what Beam decodes is the window after it, as here), and a Beam
 `IntervalWindow`'s prefix is written from its end's micros less one (its `max_timestamp()`),
 by TimestampCoderImpl's rule. Any other window, and one whose end is at a bound of Beam's
-timestamps, is encoded by Beam's own impl. Used by the batch grouping (`engine/grouping.py`),
-whose windows are decoded ones or merged from them at micros precision: a window built from
-nanosecond-precision Timestamps (whose `max_timestamp()` is a nanosecond before its end) is
-not one it meets.
+timestamps, is encoded by Beam's own impl. An `IntervalWindow` built from an end Timestamp of a
+coarser precision than micros (whole seconds, say) has a `max_timestamp()` a unit of that
+precision before its end, which the encoding here would get wrong: the batch grouping
+(`engine/grouping.py`) decodes with it always (skipping the prefix is exact) but encodes with
+it only windows it decoded or merged itself at micros precision (Beam's Sessions, or a window
+function that does not merge).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ class _PrefixedIntervalImpl(coder_impl.StreamCoderImpl):
 def faster_impl(coder: Any) -> Any:
     """`coder`'s impl; for a windowed value coder whose windows Beam's own
     `TimestampPrefixingWindowCoder` encodes, the same encoding through `_PrefixedIntervalImpl`."""
-    if not isinstance(coder, coders.WindowedValueCoder):
+    if type(coder) is not coders.WindowedValueCoder:  # not a subclass, which codes otherwise
         return coder.get_impl()
     windows = coder.window_coder
     if type(windows) is not coders.TimestampPrefixingWindowCoder:

@@ -171,3 +171,29 @@ def test_chained_merges_equal_beams_trigger_driver(events) -> None:  # type: ign
     values = _encoded(windowing, ours, ctx, "k", events)
     assert ByWindowGrouper(ours, ctx).group(values) == TriggerDriverGrouper(beams, ctx).group(
         values)
+
+
+class _SecondSessions(window.Sessions):
+    """Merges as Sessions, but its merged windows end on a whole-second Timestamp (precision
+    0), whose `max_timestamp()` is a second before the end, not a microsecond."""
+
+    def merge(self, merge_context) -> None:  # type: ignore[no-untyped-def]
+        windows = sorted(merge_context.windows, key=lambda w: w.start)
+        if len(windows) > 1:
+            end = max(w.end for w in windows)
+            seconds = -(-end.micros // 1_000_000)
+            merge_context.merge(windows, window.IntervalWindow(
+                windows[0].start, Timestamp(seconds, 0, 0)))
+
+
+@pytest.mark.parametrize("prefixed", [False, True])
+def test_a_merging_window_fns_coarse_window_ends_equal_beams_driver(  # type: ignore[no-untyped-def]
+        prefixed) -> None:
+    windowing = Windowing(_SecondSessions(5),
+                          timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EOW)
+    ours, ctx = _grouping(windowing, by_window=True, prefixed=prefixed)
+    beams, _ = _grouping(windowing, by_window=False, prefixed=prefixed)
+    values = _encoded(windowing, ours, ctx, "k", [(0, 1), (2_500_000, 2), (30_000_000, 3)])
+    by_window = grouper_for(ours, ctx)
+    assert isinstance(by_window, ByWindowGrouper)
+    assert by_window.group(values) == TriggerDriverGrouper(beams, ctx).group(values)
