@@ -3,9 +3,11 @@
 for what it does not cover."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
+from collections.abc import Iterator
 from unittest import mock
 
 import apache_beam as beam
@@ -55,6 +57,21 @@ _EXTREME = st.sampled_from([MIN_TIMESTAMP.micros, MIN_TIMESTAMP.micros + 1,
                             MAX_TIMESTAMP.micros - 10**7, MAX_TIMESTAMP.micros])
 
 
+@contextlib.contextmanager
+def _spied() -> Iterator[list[bool]]:
+    """Whether each call of the micros encoding gave rows (True) or refused its batch."""
+    calls: list[bool] = []
+    real = direct_sessions.encode_into_sessions
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        rows = real(*args)
+        calls.append(rows is not None)
+        return rows
+
+    with mock.patch("sparkbeam.engine.direct.encode_into_sessions", spy):
+        yield calls
+
+
 @settings(max_examples=200, deadline=None)
 @given(events=st.lists(st.tuples(st.integers(-3, 3), _MICROS, st.integers(0, 2**40)),
                        min_size=1, max_size=30),
@@ -68,15 +85,7 @@ def test_session_windows_encoded_from_micros_are_the_bundle_processors(  # type:
     if extreme is not None:
         events = [*events, (1, extreme, 5)]
     lines = [f"{k},{at},{v}".encode() for k, at, v in events]
-    calls: list[bool] = []
-    real = direct_sessions.encode_into_sessions
-
-    def spy(*args):  # type: ignore[no-untyped-def]
-        rows = real(*args)
-        calls.append(rows is not None)
-        return rows
-
-    with mock.patch("sparkbeam.engine.direct.encode_into_sessions", spy):
+    with _spied() as calls:
         direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
                                                           for s in lines])])
     assert direct == beams
@@ -86,26 +95,18 @@ def test_session_windows_encoded_from_micros_are_the_bundle_processors(  # type:
         assert calls == [True]
 
 
-def test_the_stage_takes_the_micros_encoding(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_stage_takes_the_micros_encoding() -> None:
     """The pipeline above does go that way (so the test above compares it), and a batch it
     refuses goes the general way with the same rows."""
     plan, stage, prefix = _plan(30)
     assert DirectRun(DirectProgram(stage, plan.components)).sessions_last is not None
-    calls: list[bool] = []
-    real = direct_sessions.encode_into_sessions
-
-    def spy(*args):  # type: ignore[no-untyped-def]
-        rows = real(*args)
-        calls.append(rows is not None)
-        return rows
-
-    monkeypatch.setattr("sparkbeam.engine.direct.encode_into_sessions", spy)
     lines = [b"1,5000000,7", b"2,-1500,8"]
     batch = _batch([prefix + varint(len(s)) + s for s in lines])
-    direct, beams = _both_paths(plan, stage, [batch])
-    assert calls == [True] and direct == beams
-    # A window end past the maximum timestamp, which Beam clamps.
+    # A window end past the maximum timestamp.
     late = f"2,{MAX_TIMESTAMP.micros},2".encode()
     refused = _batch([prefix + varint(len(s)) + s for s in [b"1,0,7", late]])
-    direct, beams = _both_paths(plan, stage, [refused])
+    with _spied() as calls:
+        direct, beams = _both_paths(plan, stage, [batch])
+        assert calls == [True] and direct == beams
+        direct, beams = _both_paths(plan, stage, [refused])
     assert calls == [True, False] and direct == beams
