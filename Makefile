@@ -48,8 +48,13 @@ class-archive: $(STAMP)
 run: $(STAMP)
 	$(PY) examples/wordcount.py --output $(OUT)
 
+# Two pytest workers, each with its own local[2] session, one test file at a time each (a
+# module's Kafka broker and cluster start once): most of a test is steps that wait on each
+# other, so two share the two cores (~28 % less time; bench/ANALYSIS.md). TEST_WORKERS=0 runs
+# the tests in this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(KAFKA_STAMP) class-archive lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider -m "not streaming_full and not slow" --durations=0 --durations-min=3 tests
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) -m "not streaming_full and not slow" --durations=0 --durations-min=3 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/component
