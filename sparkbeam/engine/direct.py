@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,7 +37,6 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import combiners, core
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.counters import CounterFactory
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine import context
@@ -53,6 +51,7 @@ from sparkbeam.engine.direct_steps import (
     Step,
     apply_step,
     no_process,
+    timestamp_bytes,
     with_views,
     wrapped_fn,
 )
@@ -485,19 +484,6 @@ class DirectRun:
         return [monitoring_infos.int64_counter(monitoring_infos.ELEMENT_COUNT_URN, count,
                                                pcollection=pcoll)
                 for pcoll, count in counted if count]
-
-
-_PACK_U64 = struct.Struct(">Q").pack
-_MIN_MICROS = MIN_TIMESTAMP.micros
-
-
-def timestamp_bytes(micros: int) -> bytes:
-    """The first 8 bytes of Beam's `WindowedValueCoderImpl` encoding of an element at `micros`:
-    milliseconds rounded toward zero, at least the minimum timestamp's, shifted by 2**63, big
-    endian (what its `encode_to_stream` writes)."""
-    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
-    millis = -(-clamped // 1000) if clamped < 0 else clamped // 1000
-    return _PACK_U64(millis + (1 << 63))
 
 
 def text_lines(col: Columns, prefix: bytes) -> list[str] | None:

@@ -27,7 +27,7 @@ from apache_beam.transforms.window import Sessions
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from sparkbeam.engine.direct_steps import Step, assigned
+from sparkbeam.engine.direct_steps import Step, assigned, timestamp_bytes
 from sparkbeam.engine.program import OutRow
 from sparkbeam.plan.native_text import varint
 
@@ -65,13 +65,12 @@ def _lead(micros: int, gap: int, prefixed: bool) -> bytes:
     window is `IntervalWindowCoderImpl`'s (its end's milliseconds, then its span's); when
     `prefixed`, as `TimestampPrefixingWindowCoderImpl` writes a length-prefixed one (the
     window's last microsecond in milliseconds first)."""
-    start_ms = -(-micros // 1000) if micros < 0 else micros // 1000  # toward zero
     end = micros + gap
     end_ms = end // 1000  # floor, as the window coder divides
     window = _PACK_U64(end_ms + _SHIFT) + varint(end_ms - micros // 1000)
     if prefixed:
         window = _PACK_U64((end - 1) // 1000 + _SHIFT) + varint(len(window)) + window
-    return _PACK_U64(start_ms + _SHIFT) + _ONE_WINDOW + window
+    return timestamp_bytes(micros) + _ONE_WINDOW + window
 
 
 def encode_into_sessions(step: Step, gap: int, values: list[Any], src: list[int] | None,

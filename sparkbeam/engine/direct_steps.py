@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ from apache_beam.transforms.window import (
     TimestampedValue,
     WindowFn,
 )
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 _GLOBAL_WINDOW = GlobalWindow()
@@ -232,3 +234,16 @@ def with_views(step: Step, side_inputs: dict[bytes, list[bytes]]) -> Step:
              for tag, data, coder in step.sides]
     args, kwargs = insert_values_in_args(list(step.args), step.kwargs, views)
     return dataclasses.replace(step, args=tuple(args), kwargs=kwargs)
+
+
+_PACK_U64 = struct.Struct(">Q").pack
+_MIN_MICROS = MIN_TIMESTAMP.micros
+
+
+def timestamp_bytes(micros: int) -> bytes:
+    """The first 8 bytes of Beam's `WindowedValueCoderImpl` encoding of an element at `micros`:
+    milliseconds rounded toward zero, at least the minimum timestamp's, shifted by 2**63, big
+    endian (what its `encode_to_stream` writes)."""
+    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
+    millis = -(-clamped // 1000) if clamped < 0 else clamped // 1000
+    return _PACK_U64(millis + (1 << 63))
