@@ -15,8 +15,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from tests.support.jvm import apply_to_spark_submit  # noqa: E402
+from tests.support.tracebacks import format_without_ast  # noqa: E402
 
 apply_to_spark_submit()  # the C1-only JIT of tests/support/jvm.py, for every driver started
+format_without_ast()  # CPython 3.11.0-3.11.7's shared AST state (tests/support/tracebacks.py)
 
 # Every temporary file of the test run, in this process and in every process it starts (Spark's
 # Python workers, child drivers, the cluster's JVMs), goes under one directory removed when the
