@@ -67,6 +67,31 @@ def spark():
     return shared_spark()
 
 
+def _pytests(handler: logging.Handler) -> bool:
+    return type(handler).__module__ == "_pytest.logging"
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_kept() -> Iterator[None]:
+    """Each test leaves the root logger's level and handlers as it found them. The job server's
+    `main`, which tests run in this process, calls `logging.basicConfig(level=INFO,
+    force=True)` as a command's entry point should: the root logger then stayed at INFO for the
+    rest of the test process, writing to the stderr that one test had captured and pytest had
+    closed, so every later INFO line (py4j's, Beam's, the runner's) was formatted only to fail
+    with "I/O operation on closed file", a traceback printed each time. pytest's own capturing
+    handlers come and go with each test phase and are left to pytest."""
+    root = logging.getLogger()
+    level, kept = root.level, [h for h in root.handlers if not _pytests(h)]
+    yield
+    for handler in root.handlers[:]:
+        if not _pytests(handler) and handler not in kept:
+            root.removeHandler(handler)
+    for handler in kept:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _SESSION:
         _SESSION[0].stop()
