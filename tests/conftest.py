@@ -15,10 +15,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from tests.support.jvm import apply_to_spark_submit  # noqa: E402
-from tests.support.tracebacks import format_without_ast  # noqa: E402
+from tests.support.tracebacks import guard_ast_parse  # noqa: E402
 
 apply_to_spark_submit()  # the C1-only JIT of tests/support/jvm.py, for every driver started
-format_without_ast()  # CPython 3.11.0-3.11.7's shared AST state (tests/support/tracebacks.py)
+guard_ast_parse()  # CPython 3.11.0-3.11.7's shared AST state (tests/support/tracebacks.py)
 
 # Every temporary file of the test run, in this process and in every process it starts (Spark's
 # Python workers, child drivers, the cluster's JVMs), goes under one directory removed when the
@@ -71,6 +71,11 @@ def _pytests(handler: logging.Handler) -> bool:
     return type(handler).__module__ == "_pytest.logging"
 
 
+def _per_phase(handler: logging.Handler) -> bool:
+    """pytest's handlers that come and go with each test phase (caplog's and the report's)."""
+    return _pytests(handler) and type(handler).__name__ == "LogCaptureHandler"
+
+
 @pytest.fixture(autouse=True)
 def _root_logger_kept() -> Iterator[None]:
     """Each test leaves the root logger's level and handlers as it found them. The job server's
@@ -78,10 +83,12 @@ def _root_logger_kept() -> Iterator[None]:
     force=True)` as a command's entry point should: the root logger then stayed at INFO for the
     rest of the test process, writing to the stderr that one test had captured and pytest had
     closed, so every later INFO line (py4j's, Beam's, the runner's) was formatted only to fail
-    with "I/O operation on closed file", a traceback printed each time. pytest's own capturing
-    handlers come and go with each test phase and are left to pytest."""
+    with "I/O operation on closed file", a traceback printed each time. pytest's per-phase
+    capturing handlers are left to pytest; its session-wide ones, which `force=True` removes
+    too, are put back (a --log-file handler it has closed drops later records all the same:
+    `make test` writes no log file)."""
     root = logging.getLogger()
-    level, kept = root.level, [h for h in root.handlers if not _pytests(h)]
+    level, kept = root.level, [h for h in root.handlers if not _per_phase(h)]
     yield
     for handler in root.handlers[:]:
         if not _pytests(handler) and handler not in kept:

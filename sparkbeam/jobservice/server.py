@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from types import FrameType, TracebackType
+from typing import Any
 
 import grpc
 from apache_beam.portability.api import beam_artifact_api_pb2, beam_job_api_pb2
@@ -283,13 +284,28 @@ def main(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
     stop = stop or threading.Event()
+    previous: list[tuple[int, Any]] = []
     if threading.current_thread() is threading.main_thread():
         def on_signal(signum: int, frame: FrameType | None) -> None:
             _LOGGER.info("received signal %d, stopping", signum)
             stop.set()
 
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
+        for ours in (signal.SIGINT, signal.SIGTERM):
+            previous.append((ours, signal.signal(ours, on_signal)))
+    try:
+        return _serve(args, executor_factory, stop)
+    finally:
+        # A program (or a test) that runs the server in its own process gets its own handlers
+        # back: after `main` returns, its SIGTERM and Ctrl-C would otherwise only set an Event
+        # nobody waits on. None: a handler not installed from Python, which cannot be restored.
+        for signum, handler in previous:
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _serve(args: argparse.Namespace,
+           executor_factory: Callable[[argparse.Namespace], JobExecutor],
+           stop: threading.Event) -> int:
     try:
         server = JobServer(
             executor_factory(args), host=args.host, port=args.port,

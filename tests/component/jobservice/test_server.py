@@ -71,6 +71,25 @@ def test_main_serves_until_stopped() -> None:
     assert made[0].port == 0 and made[0].artifacts_dir is None
 
 
+def test_main_gives_the_process_its_signal_handlers_back() -> None:
+    def mine(signum, frame) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    before = {s: signal.signal(s, mine) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stop = threading.Event()
+        stop.set()
+        assert main(["--port", "0"], lambda args: FakeExecutor(), stop=stop) == 0
+        assert signal.getsignal(signal.SIGINT) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with JobServer(FakeExecutor()) as busy:  # and when the server cannot start
+            assert main(["--port", str(busy.port)], lambda args: FakeExecutor()) == 1
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def test_the_command_serves_until_sigterm() -> None:
     code = (
         "import sys\n"
