@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 _PROCESS = common_urns.environments.PROCESS.urn
 _EXTERNAL = common_urns.environments.EXTERNAL.urn
 _POLL_S = 0.5
+# How long an EXTERNAL worker pool may take to answer StartWorker. Beam's pool builds the
+# SdkHarness inside that call, and the harness waits up to 60 s for this runner's control
+# channel to be ready; a LOOPBACK client busy with other jobs' workers took over 30 s in a test
+# run. A pool that is gone fails at once (UNAVAILABLE), not at this deadline.
+START_WORKER_TIMEOUT_S = 90.0
 
 
 def describe_environment(env: beam_runner_api_pb2.Environment) -> str:
@@ -91,14 +96,16 @@ class SdkWorkerProcess:
                         logging_endpoint=endpoint, artifact_endpoint=endpoint,
                         provision_endpoint=endpoint, params=dict(ext.params),
                     ),
-                    timeout=30,
+                    timeout=START_WORKER_TIMEOUT_S,
                 )
             except grpc.RpcError as exc:
                 self.stop()
+                why = (f"it did not answer within {START_WORKER_TIMEOUT_S:.0f} s"
+                       if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else
+                       "for a LOOPBACK job: the client that submitted it has gone")
                 raise SdkWorkerError(
                     f"the worker pool of environment '{self.environment}' did not start SDK "
-                    f"worker {self.worker_id}: {exc.code().name}: {exc.details()} (for a "
-                    "LOOPBACK job: the client that submitted it has gone)"
+                    f"worker {self.worker_id}: {exc.code().name}: {exc.details()} ({why})"
                 ) from None
             if response.error:
                 raise SdkWorkerError(

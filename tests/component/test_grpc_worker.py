@@ -4,25 +4,35 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from concurrent import futures
 from typing import Any
 
 import apache_beam as beam
+import grpc
 import pytest
 from apache_beam.portability import common_urns
-from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2, endpoints_pb2
+from apache_beam.portability.api import (
+    beam_fn_api_pb2,
+    beam_fn_api_pb2_grpc,
+    beam_runner_api_pb2,
+    endpoints_pb2,
+)
 from apache_beam.transforms.window import GlobalWindows
 
 from sparkbeam.engine import context as worker_context
 from tests.conftest import beam_worker_pool
+from sparkbeam.control import boot
 from sparkbeam.control.embedded import EmbeddedWorker
 from sparkbeam.control.grpc_worker import GrpcWorkers
 from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.errors import SdkWorkerError
 from sparkbeam.plan.model import Stage
 
 pytestmark = pytest.mark.timeout(60)
@@ -202,6 +212,50 @@ def test_external_worker_pool_gives_the_same_outputs(workers, worker_pool) -> No
     values = [1, 2, 3]
     with workers.lease(STAGE.descriptor, env, {}) as worker:
         assert worker.process(_inputs(values)).outputs == _embedded(values)
+
+
+def _external(url: str) -> beam_runner_api_pb2.Environment:
+    return beam_runner_api_pb2.Environment(
+        urn=common_urns.environments.EXTERNAL.urn,
+        payload=beam_runner_api_pb2.ExternalPayload(
+            endpoint=endpoints_pb2.ApiServiceDescriptor(url=url)).SerializeToString())
+
+
+class _SlowPool(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
+    """A worker pool that takes 5 s to answer StartWorker (Beam's pool builds the harness
+    inside that call, waiting for the runner's control channel)."""
+
+    def StartWorker(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        time.sleep(5)
+        return beam_fn_api_pb2.StartWorkerResponse()
+
+
+def test_a_worker_pool_that_does_not_answer_in_time_is_named_as_slow_not_gone(
+        workers, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(boot, "START_WORKER_TIMEOUT_S", 1.0)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(_SlowPool(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(SdkWorkerError, match=(
+                rf"environment 'beam:env:external:v1 url=127.0.0.1:{port}' did not start SDK "
+                r"worker .*: DEADLINE_EXCEEDED: .*\(it did not answer within 1 s\)$")):
+            with workers.lease(STAGE.descriptor, _external(f"127.0.0.1:{port}"), {}):
+                pass
+    finally:
+        server.stop(0)
+
+
+def test_a_worker_pool_that_is_gone_is_named_as_gone(workers) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SdkWorkerError, match=(
+            r"did not start SDK worker .*: UNAVAILABLE: .*\(for a LOOPBACK job: the client "
+            r"that submitted it has gone\)$")):
+        with workers.lease(STAGE.descriptor, _external(f"127.0.0.1:{port}"), {}):
+            pass
 
 
 def test_try_split_from_another_thread_shortens_the_running_bundle(workers, boot_env) -> None:  # type: ignore[no-untyped-def]
