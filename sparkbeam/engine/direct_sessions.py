@@ -29,6 +29,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine.direct_steps import Step, assigned, timestamp_bytes
 from sparkbeam.engine.program import OutRow
+from sparkbeam.engine.window_coders import max_timestamp_bytes
 from sparkbeam.plan.native_text import varint
 
 _PACK_U64 = struct.Struct(">Q").pack
@@ -69,7 +70,7 @@ def _lead(micros: int, gap: int, prefixed: bool) -> bytes:
     end_ms = end // 1000  # floor, as the window coder divides
     window = _PACK_U64(end_ms + _SHIFT) + varint(end_ms - micros // 1000)
     if prefixed:
-        window = _PACK_U64((end - 1) // 1000 + _SHIFT) + varint(len(window)) + window
+        window = max_timestamp_bytes(end) + varint(len(window)) + window
     return timestamp_bytes(micros) + _ONE_WINDOW + window
 
 

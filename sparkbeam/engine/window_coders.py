@@ -19,15 +19,25 @@ function that does not merge).
 """
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from apache_beam.coders import coder_impl, coders
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 
+_PACK_U64 = struct.Struct(">Q").pack
 _SHIFT = 1 << 63
 _MIN_MICROS = MIN_TIMESTAMP.micros
 _MAX_MICROS = MAX_TIMESTAMP.micros
+
+
+def max_timestamp_bytes(end_micros: int) -> bytes:
+    """The prefix `TimestampPrefixingWindowCoder` writes for an interval window ending at
+    `end_micros` (micros precision, inside Beam's bounds): its `max_timestamp()`, the end less
+    a microsecond, as TimestampCoderImpl's 8 bytes (milliseconds, floored, shifted by 2**63,
+    big endian)."""
+    return _PACK_U64((end_micros - 1) // 1000 + _SHIFT)
 
 
 class _PrefixedIntervalImpl(coder_impl.StreamCoderImpl):
@@ -42,8 +52,7 @@ class _PrefixedIntervalImpl(coder_impl.StreamCoderImpl):
         if end is None or not _MIN_MICROS < end < _MAX_MICROS:
             self._beams.encode_to_stream(value, out, nested)
             return
-        millis = (end - 1) // 1000
-        out.write_bigendian_int64(millis - _SHIFT if millis >= 0 else millis + _SHIFT)
+        out.write(max_timestamp_bytes(end))
         self._window.encode_to_stream(value, out, nested)
 
     def decode_from_stream(self, in_stream: Any, nested: bool) -> Any:

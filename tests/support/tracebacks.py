@@ -40,13 +40,13 @@ def parse_retrying(parse: Any) -> Any:
     """`parse` (`ast.parse`), tried again on the spurious SystemError, up to `_TRIES` times."""
 
     def retrying(*args: Any, **kwargs: Any) -> Any:
-        for attempt in range(_TRIES):
+        for _ in range(_TRIES - 1):
             try:
                 return parse(*args, **kwargs)
             except SystemError as exc:
-                if _SPURIOUS not in str(exc) or attempt == _TRIES - 1:
+                if _SPURIOUS not in str(exc):
                     raise
-        raise AssertionError("unreachable")
+        return parse(*args, **kwargs)  # the last try: whatever it raises is raised
 
     retrying.__wrapped__ = parse  # type: ignore[attr-defined]
     return retrying
