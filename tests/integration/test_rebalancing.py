@@ -1,5 +1,8 @@
 """Dynamic work rebalancing: a straggling splittable bundle is split while it runs and its
-residual runs on an idle task; outputs stay exact, also when split tasks fail and retry."""
+residual runs on an idle task; outputs stay exact, also when split tasks fail and retry.
+
+The tests that need a split read `tests/support/splitting.py`'s cued input, so the split
+happens however loaded the machine is; the benchmark's own read checks splitting off."""
 from __future__ import annotations
 
 import json
@@ -12,29 +15,32 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
-from bench.splits import expected, skewed_read
+from bench import splits as bench_splits
 from sparkbeam import SparkRunner
+from tests.support import splitting
 
 UNIT = 100  # positions of a small restriction (~0.1 s); the big one has 20x
 
 
-def _run(mode: str) -> dict[str, dict[str, int]]:
+def test_a_straggler_is_split_and_every_position_is_read_exactly_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
     p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(
-        [f"--dynamic_splitting={mode}", "--parallelism=2"]))
-    assert_that(skewed_read(p, UNIT), equal_to(expected(UNIT)))
+        ["--dynamic_splitting=on", "--parallelism=2"]))
+    positions = splitting.read(p, splitting.ReadOnCue(str(tmp_path), UNIT), UNIT)
+    assert_that(positions, equal_to(splitting.expected(UNIT)))
     result = p.run()
     result.wait_until_finish()
-    return result.split_stats  # type: ignore[attr-defined, no-any-return]
-
-
-def test_a_straggler_is_split_and_every_position_is_read_exactly_once() -> None:
-    stats = _run("on")
+    stats = result.split_stats  # type: ignore[attr-defined]
     assert sum(s["splits"] for s in stats.values()) >= 1, stats
     assert sum(s["items_moved"] for s in stats.values()) >= 1
 
 
 def test_splitting_off_never_splits() -> None:
-    stats = _run("off")
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(
+        ["--dynamic_splitting=off", "--parallelism=2"]))
+    assert_that(bench_splits.skewed_read(p, UNIT), equal_to(bench_splits.expected(UNIT)))
+    result = p.run()
+    result.wait_until_finish()
+    stats = result.split_stats  # type: ignore[attr-defined]
     assert all(s["splits"] == 0 for s in stats.values()), stats
 
 
@@ -49,22 +55,19 @@ def test_failed_split_tasks_replay_their_splits_on_retry(tmp_path) -> None:  # t
         import json, os
         import apache_beam as beam
         from apache_beam.options.pipeline_options import PipelineOptions
-        from bench import splits
         from sparkbeam import SparkRunner
+        from tests.support import splitting
 
-        class FailOnce(splits.ReadPositions):
-            def process(self, element, tracker=beam.DoFn.RestrictionParam(
-                    splits.WholeRestriction())):
-                for name, pos in super().process(element, tracker):
-                    r = tracker.current_restriction()
-                    if name == "big" and r.start == 0 and r.stop < {20 * UNIT} \\
-                            and not os.path.exists({str(straggler)!r}):
-                        open({str(straggler)!r}, "w").close()
-                        raise RuntimeError("straggler fails after its split")
-                    if name == "big" and r.start > 0 and not os.path.exists({str(thief)!r}):
-                        open({str(thief)!r}, "w").close()
-                        raise RuntimeError("thief fails on the residual")
-                    yield name, pos
+        class FailOnce(splitting.ReadOnCue):
+            def checked(self, name, pos, r):
+                if name == "big" and r.start == 0 and r.stop < {splitting.SKEW * UNIT} \\
+                        and not os.path.exists({str(straggler)!r}):
+                    open({str(straggler)!r}, "w").close()
+                    raise RuntimeError("straggler fails after its split")
+                if name == "big" and r.start > 0 and not os.path.exists({str(thief)!r}):
+                    open({str(thief)!r}, "w").close()
+                    raise RuntimeError("thief fails on the residual")
+                return name, pos
 
         def write(positions):
             with open({str(out)!r}, "w") as f:
@@ -72,7 +75,7 @@ def test_failed_split_tasks_replay_their_splits_on_retry(tmp_path) -> None:  # t
 
         p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(
             ["--spark_master=local[2,3]", "--parallelism=2"]))
-        _ = (p | beam.Create(splits.sources({UNIT})) | beam.ParDo(FailOnce())
+        _ = (splitting.read(p, FailOnce({str(tmp_path)!r}, {UNIT}), {UNIT})
              | beam.combiners.ToList() | beam.Map(write))
         result = p.run()
         result.wait_until_finish()
@@ -84,6 +87,7 @@ def test_failed_split_tasks_replay_their_splits_on_retry(tmp_path) -> None:  # t
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300, env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert straggler.exists(), "the straggler never failed after a split: nothing was proved"
-    assert thief.exists(), "no residual ever failed: nothing was proved"
-    assert json.loads(out.read_text()) == [list(x) for x in expected(UNIT)]
+    said = proc.stdout[-2000:]
+    assert straggler.exists(), f"the straggler never failed after a split: {said}"
+    assert thief.exists(), f"no residual ever failed: {said}"
+    assert json.loads(out.read_text()) == [list(x) for x in splitting.expected(UNIT)]
