@@ -1,6 +1,7 @@
 """The gRPC worker against real SDK harness processes on 127.0.0.1 (no mocks, no Spark)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -35,7 +36,7 @@ from sparkbeam.plan.fuse import plan_pipeline
 from sparkbeam.errors import SdkWorkerError
 from sparkbeam.plan.model import Stage
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)  # some tests start two SDK workers or a pool
 PYTHON = sys.executable
 SLOW_FLAG = "SPARKBEAM_TEST_SLOW"
 
@@ -263,18 +264,31 @@ def test_try_split_from_another_thread_shortens_the_running_bundle(workers, boot
     input_id = STAGE.inputs[0].transform_id
     with workers.lease(STAGE.descriptor, boot_env, {}) as worker:
         splits: list[beam_fn_api_pb2.ProcessBundleSplitResponse] = []
+        done = threading.Event()
 
         def split() -> None:
-            time.sleep(1.0)
+            # Asked again until the bundle runs in the SDK: before that there is no bundle to
+            # name, or the SDK has none running (an error or an empty answer). A fixed one
+            # second's wait was not always enough for a new worker's first bundle under load.
             request = beam_fn_api_pb2.ProcessBundleSplitRequest(desired_splits={
                 input_id: beam_fn_api_pb2.ProcessBundleSplitRequest.DesiredSplit(
                     fraction_of_remainder=0.5, estimated_input_elements=len(values))})
-            splits.append(worker.try_split(request))
+            deadline = time.monotonic() + 30
+            while not done.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(RuntimeError):
+                    answer = worker.try_split(request)
+                    if answer.channel_splits:
+                        splits.append(answer)
+                        return
+                time.sleep(0.05)
 
         splitter = threading.Thread(target=split)
         splitter.start()
-        result = worker.process(_inputs(values))
-        splitter.join(10)
+        try:
+            result = worker.process(_inputs(values))
+        finally:
+            done.set()
+            splitter.join(10)
     assert splits and splits[0].channel_splits
     last_primary = splits[0].channel_splits[0].last_primary_element
     assert len(result.outputs) == last_primary + 1 < len(values)

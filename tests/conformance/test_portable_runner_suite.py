@@ -6,6 +6,7 @@ session through SparkJobExecutor. Gaps are strict xfails with reasons (CONFORMAN
 from __future__ import annotations
 
 import pytest
+from apache_beam.options.pipeline_options import PortableOptions
 from apache_beam.runners.portability import portable_runner_test as beam_suite
 
 from tests.conformance.gaps import mark_known_gaps
@@ -26,6 +27,13 @@ class TestSparkJobServerOnPortableSuite(beam_suite.PortableRunnerTest):
         cls._sparkbeam_server = JobServer(SparkJobExecutor())
         cls._sparkbeam_server.start()
         return cls._sparkbeam_server.endpoint
+
+    def create_options(self):  # type: ignore[no-untyped-def]
+        # Beam's client gives a job's state stream this deadline (60 s by default); a loaded
+        # machine's first job, which waits for the SparkSession, can take longer.
+        options = super().create_options()
+        options.view_as(PortableOptions).job_server_timeout = 600
+        return options
 
     @classmethod
     def tearDownClass(cls):  # type: ignore[no-untyped-def]

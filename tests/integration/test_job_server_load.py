@@ -121,7 +121,7 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # a fresh JVM and eight LOOPBACK jobs on a loaded machine
 def test_jobs_arriving_together_at_a_fresh_server_all_run(tmp_path: Path) -> None:
     """They wait for the one SparkSession start instead of racing to launch a JVM each."""
     with fresh_server(tmp_path) as (_, endpoint):

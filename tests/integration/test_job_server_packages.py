@@ -40,6 +40,7 @@ def test_extra_package_sdist_is_importable_in_spark_tasks(tmp_path: Path) -> Non
         options = PipelineOptions([
             "--runner=PortableRunner", f"--job_endpoint={server.endpoint}",
             "--environment_type=LOOPBACK", f"--extra_package={_sdist(tmp_path)}",
+            "--job_server_timeout=600",
         ])
         with beam.Pipeline(options=options) as p:
             assert_that(p | beam.Create([1, 2]) | beam.Map(_add_offset), equal_to([1001, 1002]))
@@ -57,7 +58,7 @@ def test_loopback_clients_run_user_code_in_their_own_process(tmp_path: Path) -> 
     try:
         options = PipelineOptions([
             "--runner=PortableRunner", f"--job_endpoint={server.endpoint}",
-            "--environment_type=LOOPBACK",
+            "--environment_type=LOOPBACK", "--job_server_timeout=600",
         ])
         with beam.Pipeline(options=options) as p:
             pids = p | beam.Create([1, 2, 3]) | beam.Map(lambda _: os.getpid())

@@ -55,6 +55,25 @@ def _read_all(kafka, topic: str, partitions: int, expected: int, timeout_s: floa
     return got
 
 
+def _read_to_end(kafka, topic: str, partitions: int, timeout_s: float = 60):  # type: ignore[no-untyped-def]
+    """Every committed record of the topic: read until each partition's position reaches the
+    end it had when asked (its high watermark), so a duplicate would show and a slow first
+    fetch on a loaded machine is waited for (a fixed few seconds' read was not always)."""
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex,
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)}
+    got, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got += [(m.key(), m.value()) for m in consumer.consume(500, 0.5) if m.error() is None]
+        at = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
+        if all(ends[tp.partition] == 0 or tp.offset >= ends[tp.partition] for tp in at):
+            break
+    consumer.close()
+    return got
+
+
 def _config(kafka) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {"bootstrap.servers": kafka.bootstrap, "auto.offset.reset": "earliest"}
 
@@ -140,8 +159,10 @@ def test_a_streaming_read_shares_each_micro_batch_budget_evenly_over_its_partiti
     p = beam.Pipeline(runner=SparkRunner(), options=beam.options.pipeline_options.PipelineOptions(
         [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--parallelism=1",
          "--max_items_per_batch=1000"]))
+    # A poll returns once records arrive; 10 s lets a new consumer's first fetch succeed on a
+    # loaded machine (with 1 s, a partition could miss the first batch and no batch be even).
     _ = (p | ReadFromKafka(_config(kafka), [topic], with_metadata=True,
-                           consumer_polling_timeout=1)
+                           consumer_polling_timeout=10)
          | beam.ParDo(_RecordBatch(str(directory))))
     result = p.run()
     try:
@@ -306,7 +327,7 @@ def test_a_transactional_partition_write_happens_once_per_batch_and_fences_a_zom
     assert sink.write_partition("query-2", 0, 0, [(None, b"d")]) == 1  # another checkpoint
     with pytest.raises(Exception, match="fenced|Fenced|FENCED"):
         zombie.commit_transaction(10)
-    got = _read_all(kafka, topic, 2, expected=100, timeout_s=8)
+    got = _read_to_end(kafka, topic, 2)
     assert sorted(v for _, v in got) == [b"a", b"b", b"c", b"d"]
     with pytest.raises(TypeError, match=f"WriteToKafka to topic '{topic}' writes .key, value. "
                                         "pairs"):
@@ -348,6 +369,6 @@ def test_a_bounded_stream_writes_every_batch_exactly_once_before_it_ends(kafka, 
                         sink_group_id=f"eos-{topic}"))
     assert p.run().wait_until_finish() == PipelineState.DONE
     # Everything is in Kafka when the job ends; nothing is left staged.
-    got = _read_all(kafka, topic, 2, expected=100, timeout_s=8)
+    got = _read_to_end(kafka, topic, 2)
     assert sorted(got) == sorted((f"{b}-{i}".encode(), b"v") for b in range(3) for i in range(5))
     assert [f for _, _, fs in os.walk(ckpt / "staged") for f in fs] == []

@@ -93,7 +93,7 @@ def test_job_server_streams_progress_lines(tmp_path: Path) -> None:
     try:
         options = PipelineOptions([
             "--runner=PortableRunner", f"--job_endpoint={server.endpoint}",
-            "--environment_type=LOOPBACK", "--progress_interval=0.5",
+            "--environment_type=LOOPBACK", "--progress_interval=0.5", "--job_server_timeout=600",
         ])
         p = beam.Pipeline(options=options)
         _grouped(p, 200)

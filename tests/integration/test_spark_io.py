@@ -250,7 +250,8 @@ def test_a_portable_runner_client_reads_and_writes_through_the_job_servers_spark
     try:
         options = PipelineOptions(["--runner=PortableRunner",
                                    f"--job_endpoint={server.endpoint}",
-                                   "--environment_type=LOOPBACK"])
+                                   "--environment_type=LOOPBACK",
+                                   "--job_server_timeout=600"])
         with beam.Pipeline(options=options) as p:
             _ = (p | ReadFromSpark(sql="SELECT id, CAST(id AS STRING) AS name FROM range(50)",
                                    schema="id BIGINT, name STRING")

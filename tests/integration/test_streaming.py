@@ -333,7 +333,7 @@ def test_drain_stops_reading_and_fires_what_was_read(tmp_path) -> None:
         time.sleep(0.2)
     assert (offsets / "4").exists(), "the query never got going"
     assert result.drain() == PipelineState.DRAINING
-    assert result.wait_until_finish(60_000) == PipelineState.DRAINED
+    assert result.wait_until_finish(180_000) == PipelineState.DRAINED
     lines = read_lines(directory)
     panes = [eval(line) for line in lines if line.startswith("('k', [")]  # noqa: S307 - ours
     assert len(panes) == 1, lines
@@ -363,7 +363,7 @@ def test_periodic_impulse_runs_until_drained_and_holds_the_watermark(tmp_path) -
     while time.time() < deadline and len(read_lines(directory)) < 3:
         time.sleep(0.2)
     assert result.drain() == PipelineState.DRAINING
-    assert result.wait_until_finish(60_000) == PipelineState.DRAINED
+    assert result.wait_until_finish(180_000) == PipelineState.DRAINED
     panes = sorted(eval(line) for line in read_lines(directory))  # noqa: S307 - ours
     assert len(panes) >= 3, panes
     ticks = [t for pane in panes for t in pane[1]]
@@ -478,7 +478,7 @@ def test_updating_side_input_shows_its_latest_pane_from_the_batch_after_it(tmp_p
     while time.time() < deadline and len(latest_seen()) < 3:
         time.sleep(0.2)
     assert result.drain() == PipelineState.DRAINING
-    assert result.wait_until_finish(60_000) == PipelineState.DRAINED
+    assert result.wait_until_finish(180_000) == PipelineState.DRAINED
     looks = sorted(eval(line) for line in read_lines(directory))  # noqa: S307 - ours
     assert len({max(seen) for _, seen in looks}) >= 3, looks
     for _, seen in looks:

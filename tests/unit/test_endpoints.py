@@ -174,7 +174,7 @@ def test_default_close_does_not_block_the_consumer() -> None:
     tracker.publish(EndpointSet(2, frozenset("b")))
     start = time.monotonic()
     tracker.consume()
-    assert time.monotonic() - start < 1.0 and not closed.is_set()
+    assert time.monotonic() - start < 4.0 and not closed.is_set()  # the close waits 5 s
     release.set()
     assert closed.wait(5)
 

@@ -48,7 +48,8 @@ def test_a_poll_with_nothing_to_read_waits_out_its_timeout_and_returns_nothing()
     began = time.monotonic()
     assert kafka._poll(consumer, 500, timeout_s=0.3) == []
     assert time.monotonic() - began >= 0.25
-    assert len(consumer.timeouts) >= 3
+    # In short calls (how many depends on how late each sleep wakes on a loaded machine).
+    assert consumer.timeouts and max(consumer.timeouts) <= kafka._POLL_STEP_S < 0.3
 
 
 def test_a_partition_is_at_its_end_only_when_the_broker_says_so() -> None:

@@ -32,6 +32,36 @@ def _callers(
     return threads, results
 
 
+class _CountingLock:
+    """The flight's lock, counting who has taken it: each caller takes it once on arrival
+    (the leader again only when its start is over)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, *_: object) -> None:
+        self._lock.release()
+
+
+def _counted(flight: SingleFlight[object] | SingleFlight[str]) -> _CountingLock:
+    lock = flight._lock = _CountingLock()  # type: ignore[assignment]
+    return lock
+
+
+def _until_arrived(lock: _CountingLock, n: int) -> None:
+    """Every caller has reached the flight (a fixed wait was a guess on a loaded machine)."""
+    for _ in range(1000):
+        if lock.taken >= n:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"only {lock.taken} of {n} callers reached the flight")
+
+
 def test_callers_that_arrive_during_a_start_share_its_value() -> None:
     flight: SingleFlight[object] = SingleFlight()
     release = threading.Event()
@@ -42,9 +72,9 @@ def test_callers_that_arrive_during_a_start_share_its_value() -> None:
         release.wait(10)
         return object()
 
+    lock = _counted(flight)
     threads, results = _callers(flight, start, 12)
-    # Let every caller reach the flight before the start finishes.
-    threading.Event().wait(0.3)
+    _until_arrived(lock, 12)  # every caller reaches the flight before the start finishes
     release.set()
     for t in threads:
         t.join(10)
@@ -62,8 +92,9 @@ def test_a_failed_start_fails_its_waiters_with_its_cause_and_the_next_caller_ret
         release.wait(10)
         raise RuntimeError("JAVA_GATEWAY_EXITED: the gateway did not start")
 
+    lock = _counted(flight)
     threads, results = _callers(flight, broken, 6)
-    threading.Event().wait(0.3)
+    _until_arrived(lock, 6)
     release.set()
     for t in threads:
         t.join(10)
