@@ -27,6 +27,7 @@ from sparkbeam.plan.native_spark import (
     with_constant_windowing,
 )
 from sparkbeam.plan.native_text import translate_text_reads, wire_prefix
+from sparkbeam.plan.write_results import without_write_regroups
 
 
 def plan_batch(
@@ -43,6 +44,9 @@ def plan_batch(
         raise UnsupportedFeatureError([
             Unsupported(what, f"transform '{name}'", "Spark clears the target before it reads "
                         "the source; write elsewhere, then move it") for name, what in overwrites])
+    regroups: list[str] = []
+    if native:  # else Beam's expansion runs as it is
+        proto, regroups = without_write_regroups(proto)
     skip: list[str] = []
     while True:
         rewritten, reads, decisions = (translate_text_reads(proto, skip) if native
@@ -77,6 +81,6 @@ def plan_batch(
         direct += stateful
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
-        decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions)
+        decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
                    + grouping_decisions(plan)
                    + (unlifted_decisions(proto.components) if native else ()) + direct))

@@ -211,7 +211,7 @@ def _par_do_problem(transform: beam_runner_api_pb2.PTransform) -> str:
     for tag, data in sides:
         if data.access_pattern not in (urns.SIDE_ITERABLE, urns.SIDE_MULTIMAP):
             return f"reads side input {tag} by {data.access_pattern}"
-        if not _globally_windowed(data):
+        if not globally_windowed(data):
             return f"reads side input {tag} per window"
     if call_of(dofn, args, kwargs, len(sides)) is None:
         return "has a function taking Beam's DoFn parameters (window, timestamp...)"
@@ -229,7 +229,7 @@ def side_inputs_of(payload: beam_runner_api_pb2.ParDoPayload) -> list[tuple[str,
     return sorted(found, key=lambda t: sideinputs.get_sideinput_index(t[0]))
 
 
-def _globally_windowed(data: Any) -> bool:
+def globally_windowed(data: Any) -> bool:
     """Beam's `StateBackedSideInputMap.is_globally_windowed`."""
     from apache_beam.transforms import sideinputs
 
