@@ -26,14 +26,16 @@ from sparkbeam.control.lease import runs_embedded
 from sparkbeam.plan.model import IMPULSE_BUFFER, Stage, StageKind
 
 
-def driver_stages(stages: Sequence[Stage], exported: Set[bytes] = frozenset()) -> set[str]:
+def driver_stages(stages: Sequence[Stage], exported: Set[bytes] = frozenset(),
+                  kept: Set[str] = frozenset()) -> set[str]:
     """The labels of the stages that run in the driver (see the module doc): the greatest
     set meeting the conditions, found by dropping offenders until none is left. Buffers in
     `exported` are read by Spark outside the stages (a Spark write): their producers stay
-    Spark tasks."""
+    Spark tasks, as do the stages holding a transform named in `kept`."""
     chosen = {s.label for s in stages
               if s.kind is StageKind.PLAIN and s.inputs and runs_embedded(s.environment)
-              and not any(o.buffer_id in exported for o in s.outputs)}
+              and not any(o.buffer_id in exported for o in s.outputs)
+              and not any(name in kept for name in s.transforms)}
     producers: dict[bytes, set[str]] = {}  # a flattened buffer has several
     readers: dict[bytes, set[str]] = {}
     for s in stages:

@@ -112,7 +112,8 @@ class Executor:
         unless given)."""
         exported = {op.buffer_id for op in plan.spark_writes}
         # Over Connect this process is a client, not Spark's driver.
-        on_driver = set() if self.ds.connect else driver_stages(plan.stages, exported=exported)
+        on_driver = set() if self.ds.connect else driver_stages(
+            plan.stages, exported=exported, kept=plan.kept_in_spark)
         run = _Run(plan, job_id, progress, cancelled, pipeline_context(plan.components),
                    on_driver=on_driver, plan_shuffled=shuffled_through(
                        plan.stages, on_driver, exported,

@@ -45,8 +45,9 @@ def plan_batch(
             Unsupported(what, f"transform '{name}'", "Spark clears the target before it reads "
                         "the source; write elsewhere, then move it") for name, what in overwrites])
     regroups: list[str] = []
+    kept_in_spark: frozenset[str] = frozenset()
     if native:  # else Beam's expansion runs as it is
-        proto, regroups = without_write_regroups(proto)
+        proto, regroups, kept_in_spark = without_write_regroups(proto)
     skip: list[str] = []
     while True:
         rewritten, reads, decisions = (translate_text_reads(proto, skip) if native
@@ -81,6 +82,7 @@ def plan_batch(
         direct += stateful
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
+        kept_in_spark=kept_in_spark,
         decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
                    + grouping_decisions(plan)
                    + (unlifted_decisions(proto.components) if native else ()) + direct))

@@ -160,6 +160,9 @@ class Plan:
     # Streaming: exactly-once WriteToKafka's writes of buffers (`plan/stream_plan.py`).
     kafka_writes: tuple[RunnerWrite, ...] = ()
     decisions: tuple[str, ...] = ()
+    # Batch: transforms whose stages stay Spark tasks though they now feed only side inputs
+    # (`plan/write_results.py`: a write's WriteBundles, which fed a shuffle in Beam's expansion).
+    kept_in_spark: frozenset[str] = frozenset()
 
 
 def side_input_proto(stage: Stage, use: SideInputUse) -> beam_runner_api_pb2.SideInput:

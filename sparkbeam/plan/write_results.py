@@ -5,7 +5,7 @@ each bundle's elements to a temporary file, then, when the number of shards is l
 runner, gathers the files' names with `Pair` (`lambda x: (None, x)`), a `GroupByKey` and
 `Extract` (`lambda x: x[1]`) before `PreFinalize` and `FinalizeWrite` read them as iterable
 side inputs. On Spark that regrouping is a shuffle and a stage of its own for a handful of
-names: ~0.3 s of a warm 1 MB word count's ~1.5 s (bench/ANALYSIS.md). Side inputs are
+names: 0.13-0.21 s of a warm quick-size job's 1.1-1.5 s (bench/ANALYSIS.md). Side inputs are
 gathered whole anyway, so the two finalisation steps can read `WriteBundles`' names
 directly: an iterable side input of the same names in the same global window, in some order,
 as the group's values are (Beam fixes neither order).
@@ -89,7 +89,7 @@ def _problem(comps: beam_runner_api_pb2.Components, impl: beam_runner_api_pb2.PT
         if tail in ("WriteBundles", "Pair", "GroupByKey", "Extract"):
             parts[tail] = tid
     if len(parts) != 4:
-        return "a fixed shard count: no regroup of its file names", parts
+        return "no regroup of its file names to leave out (e.g. a fixed shard count)", parts
     t = {role: comps.transforms[tid] for role, tid in parts.items()}
     if type(_dofn(t["WriteBundles"])) is not iobase._WriteBundleDoFn:  # noqa: SLF001
         return "its WriteBundles is not Beam's", parts
@@ -101,14 +101,22 @@ def _problem(comps: beam_runner_api_pb2.Components, impl: beam_runner_api_pb2.PT
     for before, after in chain:
         if list(t[after].inputs.values()) != list(t[before].outputs.values()):
             return f"its {after} does not read its {before}", parts
+    leaving = _regroup(comps, parts)
+    for role in ("Pair", "GroupByKey"):
+        for pcoll in t[role].outputs.values():
+            for tid, other in _readers(comps, pcoll):
+                if tid not in leaving:
+                    return f"'{other.unique_name}' reads what its {role} makes", parts
     names = next(iter(t["Extract"].outputs.values()))
-    for other in comps.transforms.values():
-        if other.subtransforms or names not in other.inputs.values():
-            continue
+    for _, other in _readers(comps, names):
         if other.spec.urn != _PAR_DO:
             return f"'{other.unique_name}' reads the names as its input", parts
-        sides = dict(side_inputs_of(
-            beam_runner_api_pb2.ParDoPayload.FromString(other.spec.payload)))
+        try:
+            sides = dict(side_inputs_of(
+                beam_runner_api_pb2.ParDoPayload.FromString(other.spec.payload)))
+        except Exception as exc:  # noqa: BLE001 - a view that cannot be loaded here is not ours
+            return (f"'{other.unique_name}' has side inputs that cannot be loaded here "
+                    f"({type(exc).__name__})"), parts
         for tag, pcoll in other.inputs.items():
             if pcoll != names:
                 continue
@@ -120,29 +128,58 @@ def _problem(comps: beam_runner_api_pb2.Components, impl: beam_runner_api_pb2.PT
     return "", parts
 
 
+def _readers(comps: beam_runner_api_pb2.Components, pcoll: str
+             ) -> list[tuple[str, beam_runner_api_pb2.PTransform]]:
+    """The leaf transforms reading `pcoll` (composites list their parts' inputs too)."""
+    return [(tid, t) for tid, t in comps.transforms.items()
+            if not t.subtransforms and pcoll in t.inputs.values()]
+
+
+def _regroup(comps: beam_runner_api_pb2.Components, parts: dict[str, str]) -> set[str]:
+    """Pair, GroupByKey (with whatever a runner's expansion of it holds) and Extract."""
+    found: set[str] = set()
+    stack = [parts["Pair"], parts["GroupByKey"], parts["Extract"]]
+    while stack:
+        tid = stack.pop()
+        found.add(tid)
+        stack.extend(comps.transforms[tid].subtransforms)
+    return found
+
+
+def _writes(comps: beam_runner_api_pb2.Components) -> list[str]:
+    """The composites that look like Beam's WriteImpl: named so, holding a WriteBundles."""
+    return sorted(
+        tid for tid, t in comps.transforms.items()
+        if (t.unique_name.endswith("/WriteImpl") or t.unique_name == "WriteImpl")
+        and any(comps.transforms[sub].unique_name.endswith("/WriteBundles")
+                for sub in t.subtransforms))
+
+
 def without_write_regroups(
     proto: beam_runner_api_pb2.Pipeline,
-) -> tuple[beam_runner_api_pb2.Pipeline, list[str]]:
+) -> tuple[beam_runner_api_pb2.Pipeline, list[str], frozenset[str]]:
     """`proto` with each bounded WriteImpl's regroup of its file names taken out where its
-    finalisation can read them straight from `WriteBundles`, and a line per WriteImpl."""
-    comps = proto.components
-    impls = [tid for tid, t in comps.transforms.items() if t.subtransforms
-             and (t.unique_name.endswith("/WriteImpl") or t.unique_name == "WriteImpl")]
+    finalisation can read them straight from `WriteBundles`, a line per WriteImpl, and the
+    names of those WriteBundles: their stages stay Spark tasks, as they were while they fed
+    a shuffle (the driver runs stages that only feed side inputs, `engine/placement.py`)."""
+    impls = _writes(proto.components)
     if not impls:
-        return proto, []
+        return proto, [], frozenset()
     refs = _references()
     out = copy.deepcopy(proto)
     lines: list[str] = []
-    for impl_id in sorted(impls):
+    kept: set[str] = set()
+    for impl_id in impls:
         impl = out.components.transforms[impl_id]
         problem, parts = _problem(out.components, impl, refs)
         if problem:
             lines.append(f"{impl.unique_name}: Beam's expansion as it is ({problem})")
             continue
+        kept.add(out.components.transforms[parts["WriteBundles"]].unique_name)
         _drop_regroup(out.components, impl, parts)
         lines.append(f"{impl.unique_name}: its file names go straight to finalising (Beam's "
                      "Pair, GroupByKey and Extract of them left out)")
-    return out, lines
+    return out, lines, frozenset(kept)
 
 
 def _drop_regroup(comps: beam_runner_api_pb2.Components, impl: beam_runner_api_pb2.PTransform,
@@ -155,12 +192,11 @@ def _drop_regroup(comps: beam_runner_api_pb2.Components, impl: beam_runner_api_p
         for tag, pcoll in list(t.inputs.items()):
             if pcoll == names:
                 t.inputs[tag] = written
-    stack = [parts["Pair"], parts["GroupByKey"], parts["Extract"]]
-    while stack:  # with whatever a runner's expansion of the GroupByKey holds
-        transform = comps.transforms.pop(stack.pop())
-        stack.extend(transform.subtransforms)
-        for pcoll in transform.outputs.values():
+    for tid in _regroup(comps, parts):
+        for pcoll in comps.transforms[tid].outputs.values():
             comps.pcollections.pop(pcoll, None)
+    for tid in _regroup(comps, parts):
+        del comps.transforms[tid]
     kept = [tid for tid in impl.subtransforms
             if tid not in {parts["Pair"], parts["GroupByKey"], parts["Extract"]}]
     del impl.subtransforms[:]

@@ -1,6 +1,8 @@
 """Which stages run in the driver: the WriteToText shape, and every way a stage stays in Spark."""
 from __future__ import annotations
 
+import dataclasses
+
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
@@ -100,3 +102,18 @@ def test_only_a_sole_output_read_by_one_keyed_stage_alone_goes_straight_into_its
     assert shuffled_through(flattened, set()) == {b"grouped"}
     twice = [*stages, _stage("stage-012", [b"pairs"], [], StageKind.GROUPED)]
     assert shuffled_through(twice, set()) == {b"grouped"}
+
+
+def test_a_write_whose_names_skip_the_regroup_keeps_its_writing_stage_in_spark() -> None:
+    """`Create(reshuffle=False) | WriteToText` once its names go straight to finalising
+    (`plan/write_results.py`): the writing stage reads the impulse and feeds only side inputs,
+    yet stays a Spark task, as it was while it fed the regroup's shuffle."""
+    writing = dataclasses.replace(_stage("stage-000", [IMPULSE_BUFFER], [b"written"]),
+                                  transforms=("Create/Map(decode)", "Out/WriteBundles"))
+    stages = [writing,
+              _stage("stage-001", [IMPULSE_BUFFER], [b"do_once", b"init"]),
+              _stage("stage-002", [b"do_once"], [b"pre"]),
+              _stage("stage-003", [b"do_once"], [])]
+    assert driver_stages(stages) == {"stage-000", "stage-001", "stage-002", "stage-003"}
+    assert driver_stages(stages, kept={"Out/WriteBundles"}) == {
+        "stage-001", "stage-002", "stage-003"}
