@@ -53,7 +53,6 @@ from sparkbeam.engine.direct_steps import (
     no_process,
     timestamp_bytes,
     with_views,
-    wrapped_fn,
 )
 from sparkbeam.engine.program import OutRow
 from sparkbeam.plan.direct_paths import (
@@ -62,6 +61,7 @@ from sparkbeam.plan.direct_paths import (
     loaded_dofn,
     side_inputs_of,
     window_into_fn,
+    wrapped_fn,
 )
 from sparkbeam.plan.model import Stage
 from sparkbeam.plan.native_text import wire_prefix

@@ -1,17 +1,16 @@
 """One step of a direct stage (`engine/direct.py`) over a batch's values (no pyspark).
 
 A step is a Map/FlatMap/Filter function, called as Beam's invoker calls it (Beam's own Map and
-Filter wrappers skipped: `wrapped_fn`), or a WindowInto. Each result keeps the index of its
-windowed value in the batch's list of them (`src`): its input element's, as Beam's
-`_OutputHandler` wraps a plain result; a `TimestampedValue` result and a WindowInto's output
-get windowed values of their own, appended to that list. A result Beam treats otherwise (a
+Filter wrappers skipped: `plan/direct_paths.wrapped_fn`), or a WindowInto. Each result keeps
+the index of its windowed value in the batch's list of them (`src`): its input element's, as
+Beam's `_OutputHandler` wraps a plain result; a `TimestampedValue` result and a WindowInto's
+output get windowed values of their own, appended to that list. A result Beam treats otherwise (a
 `WindowedValue`, a `TaggedOutput`) or an element a WindowInto cannot assign here raises
 `Fallback`: the batch goes to the bundle processor.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import struct
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -19,7 +18,6 @@ from typing import Any
 from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.portability.api import beam_fn_api_pb2
 from apache_beam.pvalue import TaggedOutput
-from apache_beam.transforms import core
 from apache_beam.transforms.window import (
     GlobalWindow,
     GlobalWindows,
@@ -58,32 +56,6 @@ class Step:
     window_fn: Any = None
     # Set for a WindowInto step (no function): the WindowFn it assigns with.
     window_into: Any = None
-
-
-@functools.cache
-def _wrapper_codes() -> dict[str, Any]:
-    """The code of Beam's Map and Filter wrappers (`lambda x: [fn(x)]`, `lambda x, *args,
-    **kwargs: [x] if fn(x, *args, **kwargs) else []`), from this Beam."""
-    return {kind: make(len).fn.process.__code__
-            for kind, make in (("map", core.Map), ("filter", core.Filter))}
-
-
-def wrapped_fn(process: Any) -> tuple[str, Callable[[Any], Any]] | None:
-    """("map" or "filter", the user's function) when `process` is Beam's own Map or Filter
-    wrapper of a one-argument call (same code, same place in Beam's source; a pickled copy is
-    a new code object), else None. Calling the function itself skips a Python call and a
-    one-element list per element: ~0.5 µs of a word count's ~4 µs a line, in-process."""
-    code = getattr(process, "__code__", None)
-    cells = getattr(process, "__closure__", None)
-    if code is None or not cells or len(cells) != 1:
-        return None
-    for kind, ref in _wrapper_codes().items():
-        if (code.co_code == ref.co_code and code.co_filename == ref.co_filename
-                and code.co_firstlineno == ref.co_firstlineno and code.co_name == ref.co_name
-                and code.co_freevars == ref.co_freevars):
-            fn = cells[0].cell_contents
-            return (kind, fn) if callable(fn) else None
-    return None
 
 
 def no_process(element: Any) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from sparkbeam.plan.direct_paths import globally_windowed, side_inputs_of
+from sparkbeam.plan.direct_paths import globally_windowed, side_inputs_of, wrapped_fn
 
 _PAR_DO = common_urns.primitives.PAR_DO.urn
 _GBK = common_urns.primitives.GROUP_BY_KEY.urn
@@ -31,18 +31,14 @@ _ITERABLE = common_urns.side_inputs.ITERABLE.urn
 
 
 def _references() -> dict[str, Any]:
-    """The code of Beam's `Pair` and `Extract` lambdas, and of `Map`'s wrapper around one,
-    to compare a pickled function's code with (a pickled copy is a new code object)."""
+    """The code of lambdas written as Beam's `Pair` and `Extract` are, and the file Beam's are
+    in, to compare a pickled function's code with (a pickled copy is a new code object)."""
     from apache_beam.io import iobase
-    from apache_beam.transforms import core
 
-    pair = core.Map(lambda x: (None, x))
-    extract = core.FlatMap(lambda x: x[1])
     return {
         "file": iobase.WriteImpl._expand_bounded.__code__.co_filename,  # noqa: SLF001
-        "pair": pair.fn._fn.__closure__[0].cell_contents.__code__,  # type: ignore[attr-defined]
-        "map": pair.fn._fn.__code__,  # type: ignore[attr-defined]
-        "extract": extract.fn._fn.__code__,  # type: ignore[attr-defined]
+        "pair": (lambda x: (None, x)).__code__,
+        "extract": (lambda x: x[1]).__code__,
     }
 
 
@@ -69,13 +65,10 @@ def _beams_lambda(transform: beam_runner_api_pb2.PTransform, kind: str,
                   refs: dict[str, Any]) -> bool:
     """Whether the ParDo runs Beam's own `Pair` (a Map of it) or `Extract` (a FlatMap)."""
     fn = getattr(_dofn(transform), "_fn", None)
-    code = getattr(fn, "__code__", None)
-    if kind == "extract":
-        return _same(code, refs["extract"], refs["file"])
-    cells: tuple[Any, ...] = getattr(fn, "__closure__", None) or ()
-    if not _same(code, refs["map"]) or len(cells) != 1:
-        return False
-    return _same(getattr(cells[0].cell_contents, "__code__", None), refs["pair"], refs["file"])
+    if kind == "pair":
+        found = wrapped_fn(fn)
+        fn = found[1] if found is not None and found[0] == "map" else None
+    return _same(getattr(fn, "__code__", None), refs[kind], refs["file"])
 
 
 def _problem(comps: beam_runner_api_pb2.Components, impl: beam_runner_api_pb2.PTransform,
@@ -192,12 +185,12 @@ def _drop_regroup(comps: beam_runner_api_pb2.Components, impl: beam_runner_api_p
         for tag, pcoll in list(t.inputs.items()):
             if pcoll == names:
                 t.inputs[tag] = written
-    for tid in _regroup(comps, parts):
+    leaving = _regroup(comps, parts)
+    for tid in leaving:
         for pcoll in comps.transforms[tid].outputs.values():
             comps.pcollections.pop(pcoll, None)
-    for tid in _regroup(comps, parts):
+    for tid in leaving:
         del comps.transforms[tid]
-    kept = [tid for tid in impl.subtransforms
-            if tid not in {parts["Pair"], parts["GroupByKey"], parts["Extract"]}]
+    kept = [tid for tid in impl.subtransforms if tid not in leaving]
     del impl.subtransforms[:]
     impl.subtransforms.extend(kept)
