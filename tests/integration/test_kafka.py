@@ -44,10 +44,16 @@ def _produce(kafka, topic: str, records) -> None:  # type: ignore[no-untyped-def
     assert producer.flush(30) == 0
 
 
-def _read_all(kafka, topic: str, partitions: int, expected: int, timeout_s: float = 60):  # type: ignore[no-untyped-def]
+def _committed_reader(kafka, topic: str, partitions: int) -> Consumer:  # type: ignore[no-untyped-def]
+    """A consumer of the topic's committed records, from the start of every partition."""
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex,
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    return consumer
+
+
+def _read_all(kafka, topic: str, partitions: int, expected: int, timeout_s: float = 60):  # type: ignore[no-untyped-def]
+    consumer = _committed_reader(kafka, topic, partitions)
     got, deadline = [], time.monotonic() + timeout_s
     while len(got) < expected and time.monotonic() < deadline:
         got += [(m.key(), m.value()) for m in consumer.consume(500, 0.5) if m.error() is None]
@@ -59,9 +65,7 @@ def _read_to_end(kafka, topic: str, partitions: int, timeout_s: float = 60):  # 
     """Every committed record of the topic: read until each partition's position reaches the
     end it had when asked (its high watermark), so a duplicate would show and a slow first
     fetch on a loaded machine is waited for (a fixed few seconds' read was not always)."""
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": uuid.uuid4().hex,
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    consumer = _committed_reader(kafka, topic, partitions)
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
             for p in range(partitions)}
     got, deadline = [], time.monotonic() + timeout_s
