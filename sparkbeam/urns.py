@@ -27,6 +27,9 @@ SPARK_FILE_FORMATS = frozenset(("parquet", "json", "csv", "orc", "text", "avro",
 # An exactly-once WriteToKafka composite (`io/kafka_write.py`): in streaming, sparkbeam stages
 # its input per micro-batch and writes each committed batch in Kafka transactions.
 WRITE_TO_KAFKA = "sparkbeam:transform:write_to_kafka:v1"
+# A WindowInto(GlobalWindows) in a stage run by the embedded SDK worker: sparkbeam's own
+# operation re-windows each element (`plan/global_window.py`, `control/window_into.py`).
+INTO_GLOBAL_WINDOW = "sparkbeam:transform:into_global_window:v1"
 SPLITTABLE_PROCESS = common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 
 # Requirements a pipeline may declare and that we honour.

@@ -2,10 +2,12 @@
 
 Text reads go to Spark's text source where that reads Beam's lines exactly (`native_text.py`,
 `--spark_native`), plain stages of Map/FlatMap/Filter functions call them without Beam's bundle
-processor (`direct_paths.py`, also `--spark_native`), and windowed GroupByKeys under the default
-trigger are grouped per window without Beam's trigger driver (`plan/grouping_paths.py`, also
-`--spark_native`); ReadFromSpark and WriteToSpark always become parts of the Spark plan
-(`native_spark.py`): their expansions would start a SparkSession inside a Spark task.
+processor (`direct_paths.py`, also `--spark_native`), a WindowInto(GlobalWindows) that the
+bundle processor runs is an operation of sparkbeam's own (`global_window.py`, also
+`--spark_native`), and windowed GroupByKeys under the default trigger are grouped per window
+without Beam's trigger driver (`plan/grouping_paths.py`, also `--spark_native`); ReadFromSpark
+and WriteToSpark always become parts of the Spark plan (`native_spark.py`): their expansions
+would start a SparkSession inside a Spark task.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.plan.direct_paths import with_direct_chains
 from sparkbeam.plan.direct_stateful import with_direct_stateful
 from sparkbeam.plan.fuse import plan_pipeline
+from sparkbeam.plan.global_window import with_runner_global_windowing
 from sparkbeam.plan.grouping_paths import grouping_decisions, unlifted_decisions
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.native_spark import (
@@ -79,7 +82,8 @@ def plan_batch(
     if native:  # else Beam's bundle processor runs every stage
         plan, direct = with_direct_chains(plan)
         plan, stateful = with_direct_stateful(plan)
-        direct += stateful
+        plan, windowing = with_runner_global_windowing(plan)
+        direct += stateful + windowing
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         kept_in_spark=kept_in_spark,

@@ -35,10 +35,15 @@ RUNNER_EXECUTED = {
 }
 
 
+_WORKER_ONLY = frozenset([urns.INTO_GLOBAL_WINDOW])
+
+
 def _sdk_executed() -> frozenset[str]:
     known = set(bundle_processor.BeamTransformFactory._known_urns)
-    # Beam ships handlers for Java-only URNs too; those cannot run in a Python worker.
-    return frozenset(u for u in known if "java" not in u)
+    # Beam ships handlers for Java-only URNs too; those cannot run in a Python worker. The
+    # operations of sparkbeam's own worker (registered when it is imported) run only what the
+    # plan rewrote, never a pipeline's transform.
+    return frozenset(u for u in known if "java" not in u and u not in _WORKER_ONLY)
 
 
 def supported_transform_urns() -> dict[str, str]:

@@ -49,14 +49,20 @@ _GRPC_ENVIRONMENTS = frozenset(
     [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn])
 
 
+def runs_embedded(stage: Stage) -> bool:
+    """Whether the stage's bundles run in sparkbeam's own (embedded) SDK worker, in the task's
+    process, rather than in a Beam SDK worker of its own (PROCESS or EXTERNAL environments)."""
+    return not (stage.environment and beam_runner_api_pb2.Environment.FromString(
+        stage.environment).urn in _GRPC_ENVIRONMENTS)
+
+
 def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
     """The chain `stage` runs directly, or None and why not."""
     if stage.kind is not StageKind.PLAIN:
         return None, f"a {stage.kind.value} stage"
     if len(stage.inputs) != 1 or len(stage.outputs) != 1:
         return None, "not one input and one output"
-    if stage.environment and beam_runner_api_pb2.Environment.FromString(
-            stage.environment).urn in _GRPC_ENVIRONMENTS:
+    if not runs_embedded(stage):
         return None, "its SDK runs in a worker of its own"
     descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
     consumers: dict[str, list[str]] = {}
