@@ -28,17 +28,15 @@ from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker,
 from apache_beam.runners.worker.statecache import StateCache
 
 from sparkbeam.control.shell import BundleShell, SplitsRunningBundle
-from sparkbeam.control.window_into import IntoGlobalWindowOperation
+# Imported for its registration with Beam's transform factory: the operations this worker
+# runs beyond Beam's, before any BundleProcessor here is built (`control/window_into.py`).
+from sparkbeam.control import window_into  # noqa: F401
 from sparkbeam.control.worker import BundleResult, OutputCap
 
 _LOG = logging.getLogger(__name__)
 
 # Runner capabilities we declare to the SDK (the same set FnApiRunner declares).
 CAPABILITIES = worker_handlers.FNAPI_RUNNER_CAPABILITIES
-
-# The operations this worker runs beyond Beam's, registered with Beam's transform factory as
-# their module is imported (`control/window_into.py`).
-EXTRA_OPERATIONS = (IntoGlobalWindowOperation,)
 
 _SIDE_INPUT_KINDS = frozenset(
     ["iterable_side_input", "multimap_side_input", "multimap_keys_side_input",

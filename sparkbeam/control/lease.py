@@ -9,25 +9,11 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
-from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from sparkbeam.control.embedded import WORKERS, EmbeddedWorker
 from sparkbeam.control.worker import Worker
-
-GRPC_ENVIRONMENT_URNS = frozenset(
-    [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn]
-)
-
-
-def runs_embedded(environment: bytes) -> bool:
-    """Whether a stage of this serialized environment runs on the embedded bundle processor
-    (in whichever process leases it), not on an SDK worker of its own."""
-    if not environment:
-        return True
-    env = beam_runner_api_pb2.Environment.FromString(environment)
-    return env.urn not in GRPC_ENVIRONMENT_URNS
-
+from sparkbeam.plan.model import runs_embedded
 
 def lease_worker(
     descriptor: bytes,

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
-from sparkbeam.control.lease import runs_embedded
-from sparkbeam.plan.model import IMPULSE_BUFFER, Stage, StageKind
+from sparkbeam.plan.model import IMPULSE_BUFFER, Stage, StageKind, runs_embedded
 
 
 def driver_stages(stages: Sequence[Stage], exported: Set[bytes] = frozenset(),

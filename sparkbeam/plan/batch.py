@@ -20,7 +20,7 @@ from sparkbeam.errors import Unsupported, UnsupportedFeatureError
 from sparkbeam.plan.direct_paths import with_direct_chains
 from sparkbeam.plan.direct_stateful import with_direct_stateful
 from sparkbeam.plan.fuse import plan_pipeline
-from sparkbeam.plan.global_window import with_runner_global_windowing
+from sparkbeam.plan.global_window import with_global_window_operation
 from sparkbeam.plan.grouping_paths import grouping_decisions, unlifted_decisions
 from sparkbeam.plan.model import Plan
 from sparkbeam.plan.native_spark import (
@@ -78,15 +78,15 @@ def plan_batch(
             b: dataclasses.replace(g, by_window=False) for b, g in plan.groupings.items()})
     stages, writes = split_runner_writes(plan, spark_writes, "WriteToSpark")
     plan = with_constant_windowing(dataclasses.replace(plan, stages=stages), spark_reads)
-    direct: tuple[str, ...] = ()
-    if native:  # else Beam's bundle processor runs every stage
+    paths: tuple[str, ...] = ()
+    if native:  # else Beam's bundle processor runs every stage as Beam made it
         plan, direct = with_direct_chains(plan)
         plan, stateful = with_direct_stateful(plan)
-        plan, windowing = with_runner_global_windowing(plan)
-        direct += stateful + windowing
+        plan, windowing = with_global_window_operation(plan)
+        paths = direct + stateful + windowing
     return dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         kept_in_spark=kept_in_spark,
         decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
                    + grouping_decisions(plan)
-                   + (unlifted_decisions(proto.components) if native else ()) + direct))
+                   + (unlifted_decisions(proto.components) if native else ()) + paths))

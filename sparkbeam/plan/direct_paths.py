@@ -39,21 +39,12 @@ from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
 from sparkbeam import urns
 from sparkbeam.plan.grouping_paths import is_trivial
-from sparkbeam.plan.model import DirectChain, Plan, Stage, StageKind
+from sparkbeam.plan.model import DirectChain, Plan, Stage, StageKind, runs_embedded
 
 _PICKLED_DOFN = "beam:dofn:pickled_python_info:v1"
 _PRECOMBINE = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
 ASSIGN_WINDOWS = common_urns.primitives.ASSIGN_WINDOWS.urn
 _NOTHING = "no function to call"
-_GRPC_ENVIRONMENTS = frozenset(
-    [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn])
-
-
-def runs_embedded(stage: Stage) -> bool:
-    """Whether the stage's bundles run in sparkbeam's own (embedded) SDK worker, in the task's
-    process, rather than in a Beam SDK worker of its own (PROCESS or EXTERNAL environments)."""
-    return not (stage.environment and beam_runner_api_pb2.Environment.FromString(
-        stage.environment).urn in _GRPC_ENVIRONMENTS)
 
 
 def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
@@ -62,7 +53,7 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
         return None, f"a {stage.kind.value} stage"
     if len(stage.inputs) != 1 or len(stage.outputs) != 1:
         return None, "not one input and one output"
-    if not runs_embedded(stage):
+    if not runs_embedded(stage.environment):
         return None, "its SDK runs in a worker of its own"
     descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
     consumers: dict[str, list[str]] = {}

@@ -23,25 +23,25 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
 from sparkbeam import urns
-from sparkbeam.plan.direct_paths import runs_embedded
-from sparkbeam.plan.model import Plan, Stage
+from sparkbeam.plan.model import Plan, Stage, runs_embedded
 
 
-def with_runner_global_windowing(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
+def with_global_window_operation(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
     """`plan` with each qualifying WindowInto(GlobalWindows) given `urns.INTO_GLOBAL_WINDOW`,
     and a line for each one rewritten."""
     stages: list[Stage] = []
     lines: list[str] = []
     for stage in plan.stages:
-        if stage.direct is not None or stage.direct_stateful or not runs_embedded(stage):
+        direct = stage.direct is not None or stage.direct_stateful
+        if direct or not runs_embedded(stage.environment):
             stages.append(stage)
             continue
         descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
         rewritten = [t for t in descriptor.transforms.values() if _into_global_window(t)]
         for transform in rewritten:
             transform.spec.urn = urns.INTO_GLOBAL_WINDOW
-            lines.append(f"{transform.unique_name}: into the global window by the runner "
-                         "(Beam's WindowInto DoFn left out)")
+            lines.append(f"{transform.unique_name}: into the global window by sparkbeam's "
+                         "operation (Beam's WindowInto DoFn left out)")
         stages.append(dataclasses.replace(stage, descriptor=descriptor.SerializeToString())
                       if rewritten else stage)
     return dataclasses.replace(plan, stages=tuple(stages)), tuple(lines)
@@ -52,4 +52,4 @@ def _into_global_window(transform: beam_runner_api_pb2.PTransform) -> bool:
         return False
     # The payload as Beam's bundle processor reads it: a WindowingStrategy.
     strategy = beam_runner_api_pb2.WindowingStrategy.FromString(transform.spec.payload)
-    return bool(strategy.window_fn.urn == common_urns.global_windows.urn)
+    return strategy.window_fn.urn == common_urns.global_windows.urn

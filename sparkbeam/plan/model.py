@@ -7,12 +7,29 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 
 from sparkbeam.plan.native_spark import SparkRead, RunnerWrite
 from sparkbeam.plan.native_text import TextRead
 
 IMPULSE_BUFFER = b"impulse"
+
+# Environments whose stages run on a Beam SDK worker of their own, reached over gRPC; every
+# other stage runs on sparkbeam's embedded bundle processor (`control/lease.py` leases by this,
+# the plan's rewrites for the embedded worker check it).
+GRPC_ENVIRONMENT_URNS = frozenset(
+    [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn]
+)
+
+
+def runs_embedded(environment: bytes) -> bool:
+    """Whether a stage of this serialized environment runs on the embedded bundle processor
+    (in whichever process leases it), not on an SDK worker of its own."""
+    if not environment:
+        return True
+    env = beam_runner_api_pb2.Environment.FromString(environment)
+    return env.urn not in GRPC_ENVIRONMENT_URNS
 
 
 class StageKind(enum.Enum):

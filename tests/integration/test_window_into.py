@@ -57,8 +57,8 @@ def test_into_the_global_window_equals_fnapi(shape, events) -> None:  # type: ig
     build = _build(events)
     p = beam.Pipeline(options=PipelineOptions([]))
     build(p)
-    assert ("Global: into the global window by the runner (Beam's WindowInto DoFn left out)"
-            in prepare(p.to_runner_api(), p.options).decisions)
+    assert ("Global: into the global window by sparkbeam's operation (Beam's WindowInto DoFn "
+            "left out)" in prepare(p.to_runner_api(), p.options).decisions)
     ours = run_and_collect(build, SparkRunner(), SHAPES[shape])
     assert ours == run_and_collect(build, FnApiRunner())
     # Each event reached the global window twice (its two sliding windows).

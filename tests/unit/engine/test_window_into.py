@@ -19,8 +19,8 @@ from sparkbeam import urns
 from sparkbeam.engine.context import pipeline_context
 from sparkbeam.engine.task import TaskSpec, run_stage_task
 from sparkbeam.plan.batch import plan_batch
-from sparkbeam.plan.global_window import with_runner_global_windowing
-from sparkbeam.plan.model import Plan, Stage
+from sparkbeam.plan.global_window import with_global_window_operation
+from sparkbeam.plan.model import DirectChain, Plan, Stage
 
 _EVENT = st.tuples(st.integers(0, 3), st.integers(-2**63, 2**63 - 1),
                    st.integers(-10**12, 10**12) | st.sampled_from([0, 1, 999, 1000, 5000]))
@@ -91,8 +91,8 @@ def test_the_operation_writes_the_bundle_processors_bytes(
 
 def test_the_plan_says_which_window_intos_it_rewrote() -> None:
     plan, stage = _plan(sliding=True)
-    assert "Global: into the global window by the runner (Beam's WindowInto DoFn left out)" in (
-        plan.decisions)
+    assert ("Global: into the global window by sparkbeam's operation (Beam's WindowInto DoFn "
+            "left out)") in plan.decisions
     descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
     by_name = {t.unique_name: t.spec.urn for t in descriptor.transforms.values()}
     assert by_name["Global"] == urns.INTO_GLOBAL_WINDOW
@@ -111,9 +111,10 @@ def test_direct_stages_and_other_sdk_workers_keep_beams_window_into() -> None:
     original = _with_beams_window_into(grouped)
     process_env = beam_runner_api_pb2.Environment(
         urn=common_urns.environments.PROCESS.urn).SerializeToString()
-    for other in (dataclasses.replace(original, direct_stateful="a stateful ParDo"),
+    direct = dataclasses.replace(original, direct=DirectChain("in", (), None, "out", ()))
+    for other in (direct, dataclasses.replace(original, direct_stateful="a stateful ParDo"),
                   dataclasses.replace(original, environment=process_env)):
-        rewritten, lines = with_runner_global_windowing(dataclasses.replace(plan, stages=(other,)))
+        rewritten, lines = with_global_window_operation(dataclasses.replace(plan, stages=(other,)))
         assert rewritten.stages == (other,) and lines == ()
     # --spark_native=off: Beam's expansion as it is.
     beams = plan_batch(p.to_runner_api(), native=False)
