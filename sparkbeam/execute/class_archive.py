@@ -17,6 +17,7 @@ Nothing here is required: without an archive a session starts as Spark's own wou
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -115,9 +116,19 @@ def driver_java_options(setting: str = "auto") -> str:
     if setting == "off":
         return ""
     path = archive_path()
-    if not usable(path):
+    if path is None or not usable(path):
         return ""
+    _mark_used(path)
     return f"-XX:SharedArchiveFile={path} {_QUIET}"
+
+
+def _mark_used(path: str) -> None:
+    """Sets the archive's time to now, so `prune` keeps the archives drivers map, not only the
+    newest made: three fresh virtualenvs' archives (a CI's clones) used to push out the one of
+    the checkout in daily use. The JVM checks the jars' times, never the archive's own."""
+    # A read-only cache: the archive still maps; only pruning sees it as older.
+    with contextlib.suppress(OSError):
+        os.utime(path)
 
 
 def build(force: bool = False, log: Callable[[str], None] = print) -> str:
@@ -177,14 +188,16 @@ def build(force: bool = False, log: Callable[[str], None] = print) -> str:
     return target
 
 
-#: Archives kept in the cache, newest first (~180 MB each): one per Java and Spark install a
-#: machine has used lately; each new install's archive (a fresh virtualenv's jars) pushes out
-#: the oldest, which is made again if its install is used again.
+#: Archives kept in the cache, the most recently made or mapped first (~180 MB each): one per
+#: Java and Spark install a machine has used lately; each new install's archive (a fresh
+#: virtualenv's jars) pushes out the one least recently used, which is made again if its
+#: install is used again.
 KEEP = 3
 
 
 def prune(directory: str, keep: int) -> list[str]:
-    """Removes all but the `keep` newest archives in `directory`; returns those removed."""
+    """Removes all but the `keep` archives in `directory` most recently made or mapped (by
+    their times, which a mapping driver sets: `_mark_used`); returns those removed."""
     try:
         names = [n for n in os.listdir(directory)
                  if n.startswith("class-archive-") and n.endswith(".jsa")]

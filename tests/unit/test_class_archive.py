@@ -124,3 +124,22 @@ def test_only_the_newest_archives_are_kept(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [
         "class-archive-2.jsa", "class-archive-3.jsa", "class-archive-4.jsa", "other.txt"]
     assert class_archive.prune(str(tmp_path / "missing"), keep=3) == []
+
+
+def test_an_archive_a_driver_maps_outlives_newer_ones(install):
+    """Three newer archives (fresh virtualenvs' jars) do not push out the one in use."""
+    mine = archive_path()
+    os.makedirs(os.path.dirname(mine))
+    with open(mine, "wb") as f:
+        f.write(MAGIC)
+    os.utime(mine, (1_000_000, 1_000_000))
+    cache = os.path.dirname(mine)
+    for n in range(3):
+        other = os.path.join(cache, f"class-archive-other{n}.jsa")
+        with open(other, "wb") as f:
+            f.write(MAGIC)
+        os.utime(other, (2_000_000 + n, 2_000_000 + n))
+    assert f"-XX:SharedArchiveFile={mine}" in driver_java_options()
+    removed = class_archive.prune(cache, keep=3)
+    assert [os.path.basename(p) for p in removed] == ["class-archive-other0.jsa"]
+    assert os.path.exists(mine)
