@@ -44,6 +44,11 @@ class _StageWork:
     splits: dict[int, dict[str, Any]] = field(default_factory=dict)  # partition -> {seq: record}
     splits_done: int = 0
     items_moved: int = 0
+    # Partitions heard from since their (latest) hello: a bundle reported, work asked for, or
+    # finished. A started partition not yet heard from may be a straggler whose first busy
+    # report (one monitor poll after its bundle starts) is still on its way.
+    heard: set[int] = field(default_factory=set)
+    unheard_since: dict[int, float] = field(default_factory=dict)  # waiter -> since
 
 
 class Rebalancer:
@@ -65,6 +70,7 @@ class Rebalancer:
         """A task attempt starts: what an earlier attempt of this partition decided."""
         work = self._stage(job, stage, partitions)
         work.started.add(partition)
+        work.heard.discard(partition)  # a new attempt: not heard from yet
         work.idle.pop(partition, None)
         return {
             "splits": dict(work.splits.get(partition, {})),
@@ -74,6 +80,7 @@ class Rebalancer:
     def busy(self, job: str, stage: str, partition: int, seq: int, now: float) -> dict[str, Any]:
         """A task's bundle `seq` is running. Answers {"split": fraction} when it should split."""
         work = self._stage(job, stage)
+        work.heard.add(partition)
         work.idle.pop(partition, None)
         current = work.busy.get(partition)
         bundle = current[0] if current and current[0].seq == seq else _Bundle(seq, now)
@@ -119,6 +126,7 @@ class Rebalancer:
 
     def bundle_done(self, job: str, stage: str, partition: int, seq: int) -> dict[str, Any]:
         work = self._stage(job, stage)
+        work.heard.add(partition)
         entry = work.busy.get(partition)
         if entry and entry[0].seq == seq:
             del work.busy[partition]
@@ -129,11 +137,13 @@ class Rebalancer:
     def want_work(self, job: str, stage: str, partition: int, now: float) -> dict[str, Any]:
         """A task ran out of input: {"work": items}, {"wait": seconds} or {"exit": True}."""
         work = self._stage(job, stage)
+        work.heard.add(partition)
         work.busy.pop(partition, None)
         if work.queue:
             batch = work.queue.popleft()
             work.assigned.setdefault(partition, []).append(batch)
             work.idle.pop(partition, None)
+            work.unheard_since.pop(partition, None)
             return {"work": batch}
         if len(work.started) < work.partitions:
             return {"exit": True}  # free the slot for a partition still waiting to start
@@ -142,13 +152,23 @@ class Rebalancer:
             if now - seen < _STALE_AFTER_S and (not b.unsplittable or work.split_asked)
         ]
         if not live and work.split_asked is None:
-            work.idle.pop(partition, None)
-            return {"exit": True}
+            # A partition that started but has not been heard from yet may be a straggler
+            # whose bundle began less than a monitor poll ago: wait for its first report, for
+            # a bounded time (a task that died before reporting must not hold the others).
+            unheard = any(p not in work.heard for p in work.started if p != partition)
+            since = work.unheard_since.setdefault(partition, now)
+            if not unheard or now - since >= _STALE_AFTER_S:
+                work.idle.pop(partition, None)
+                work.unheard_since.pop(partition, None)
+                return {"exit": True}
+        else:
+            work.unheard_since.pop(partition, None)  # a live bundle: its own wait, not this one
         work.idle.setdefault(partition, now)
         return {"wait": 0.05}
 
     def finished(self, job: str, stage: str, partition: int) -> dict[str, Any]:
         work = self._stage(job, stage)
+        work.heard.add(partition)
         work.idle.pop(partition, None)
         work.busy.pop(partition, None)
         return {}

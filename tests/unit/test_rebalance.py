@@ -92,3 +92,30 @@ def test_stages_and_jobs_are_independent_and_forgotten(rb: Rebalancer) -> None:
     assert rb.want_work(JOB, STAGE, 0, now=0.0) == {"exit": True}  # partition 1 not started
     rb.forget(JOB)
     assert rb.stats(JOB, STAGE) == {"splits": 0, "items_moved": 0}
+
+
+def test_a_waiter_waits_for_a_started_straggler_to_report_then_it_is_split(
+        rb: Rebalancer) -> None:
+    """The straggler's bundle started less than a monitor poll ago: no busy report yet. The
+    idle task waits for it instead of leaving, and the straggler is asked to split."""
+    rb.hello(JOB, STAGE, 0, partitions=2)
+    rb.hello(JOB, STAGE, 1, partitions=2)
+    assert rb.want_work(JOB, STAGE, 1, now=1.0) == {"wait": 0.05}
+    assert rb.busy(JOB, STAGE, 0, seq=0, now=1.1) == {"split": 0.5}
+
+
+def test_a_waiter_stops_waiting_for_a_started_task_that_never_reports(rb: Rebalancer) -> None:
+    rb.hello(JOB, STAGE, 0, partitions=2)
+    rb.hello(JOB, STAGE, 1, partitions=2)
+    assert rb.want_work(JOB, STAGE, 1, now=1.0) == {"wait": 0.05}
+    assert rb.want_work(JOB, STAGE, 1, now=2.5) == {"wait": 0.05}
+    assert rb.want_work(JOB, STAGE, 1, now=4.0) == {"exit": True}
+
+
+def test_a_waiter_exits_at_once_when_every_other_task_is_done(rb: Rebalancer) -> None:
+    rb.hello(JOB, STAGE, 0, partitions=2)
+    rb.hello(JOB, STAGE, 1, partitions=2)
+    rb.busy(JOB, STAGE, 0, seq=0, now=0.5)
+    rb.bundle_done(JOB, STAGE, 0, seq=0)
+    rb.finished(JOB, STAGE, 0)
+    assert rb.want_work(JOB, STAGE, 1, now=1.0) == {"exit": True}
