@@ -15,6 +15,7 @@ from sparkbeam.control.embedded import WORKERS, EmbeddedWorker
 from sparkbeam.control.worker import Worker
 from sparkbeam.plan.model import runs_embedded
 
+
 def lease_worker(
     descriptor: bytes,
     environment: bytes = b"",

@@ -43,7 +43,7 @@ from sparkbeam.plan.model import DirectChain, Plan, Stage, StageKind, runs_embed
 
 _PICKLED_DOFN = "beam:dofn:pickled_python_info:v1"
 _PRECOMBINE = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
-ASSIGN_WINDOWS = common_urns.primitives.ASSIGN_WINDOWS.urn
+ASSIGN_WINDOWS = urns.ASSIGN_WINDOWS  # re-exported for the engine's direct path
 _NOTHING = "no function to call"
 
 

@@ -18,7 +18,7 @@ IMPULSE_BUFFER = b"impulse"
 # Environments whose stages run on a Beam SDK worker of their own, reached over gRPC; every
 # other stage runs on sparkbeam's embedded bundle processor (`control/lease.py` leases by this,
 # the plan's rewrites for the embedded worker check it).
-GRPC_ENVIRONMENT_URNS = frozenset(
+_GRPC_ENVIRONMENT_URNS = frozenset(
     [common_urns.environments.PROCESS.urn, common_urns.environments.EXTERNAL.urn]
 )
 
@@ -29,7 +29,7 @@ def runs_embedded(environment: bytes) -> bool:
     if not environment:
         return True
     env = beam_runner_api_pb2.Environment.FromString(environment)
-    return env.urn not in GRPC_ENVIRONMENT_URNS
+    return env.urn not in _GRPC_ENVIRONMENT_URNS
 
 
 class StageKind(enum.Enum):
