@@ -157,6 +157,7 @@ class SparkJob:
         self._datasets: Datasets | None = None
         self._collector: MetricsCollector | None = None
         self.split_stats: dict[str, dict[str, int]] = {}
+        self.split_history: dict[str, list[str]] = {}  # stage label -> rebalancer decisions
         self.spark_jobs: int | None = None  # Spark jobs a finished batch run took
         self.streaming = False
         self.streaming_batches: list[dict[str, Any]] = []  # micro-batches: rows, durations
@@ -326,6 +327,9 @@ class SparkJob:
         for stage in self.plan.stages:
             stats = rebalancer.stats(self.job_id, stage.label)
             self.split_stats[stage.label] = stats
+            history = rebalancer.history(self.job_id, stage.label)
+            if history:
+                self.split_history[stage.label] = history
             if stats["splits"]:
                 self._log(
                     f"{stage.display}: {stats['splits']} runner-initiated split(s) moved "
@@ -464,6 +468,13 @@ class SparkPipelineResult(PipelineResult):
     def split_stats(self) -> dict[str, dict[str, int]]:
         """Runner-initiated splits per stage label: {"splits": n, "items_moved": m}."""
         return dict(self._job.split_stats)
+
+    @property
+    def split_history(self) -> dict[str, list[str]]:
+        """The rebalancer's decisions per splittable stage label, in order: who reported a
+        bundle, who was asked to split, who waited or left. For a run that split less than
+        expected."""
+        return dict(self._job.split_history)
 
     def monitoring_infos(self):  # type: ignore[no-untyped-def]
         return self._job.metrics().monitoring_infos()

@@ -20,6 +20,7 @@ from typing import Any
 
 WorkItem = tuple[int, str]  # (stage input index, base64 element) as sent over the wire
 _STALE_AFTER_S = 3.0  # a busy task silent for this long is considered gone
+_HISTORY = 200  # decisions kept per stage, for a failed or puzzling run's message
 
 
 @dataclass
@@ -49,6 +50,13 @@ class _StageWork:
     # report (one monitor poll after its bundle starts) is still on its way.
     heard: set[int] = field(default_factory=set)
     unheard_since: dict[int, float] = field(default_factory=dict)  # waiter -> since
+    # What was asked and answered, in order (a waiting task's repeated asks once per wait),
+    # so a run that did not split can say why.
+    history: list[str] = field(default_factory=list)
+
+    def note(self, event: str) -> None:
+        if len(self.history) < _HISTORY:
+            self.history.append(event)
 
 
 class Rebalancer:
@@ -72,6 +80,7 @@ class Rebalancer:
         work.started.add(partition)
         work.heard.discard(partition)  # a new attempt: not heard from yet
         work.idle.pop(partition, None)
+        work.note(f"p{partition} hello")
         return {
             "splits": dict(work.splits.get(partition, {})),
             "assigned": [list(batch) for batch in work.assigned.get(partition, [])],
@@ -84,6 +93,8 @@ class Rebalancer:
         work.idle.pop(partition, None)
         current = work.busy.get(partition)
         bundle = current[0] if current and current[0].seq == seq else _Bundle(seq, now)
+        if bundle is not (current[0] if current else None):
+            work.note(f"p{partition} busy bundle {seq}")
         work.busy[partition] = (bundle, now)
         if work.split_asked is not None or work.queue or bundle.unsplittable:
             return {}
@@ -97,6 +108,7 @@ class Rebalancer:
         if longest[1] != partition:
             return {}
         work.split_asked = (partition, seq)
+        work.note(f"p{partition} asked to split bundle {seq} (waiting: {sorted(waiting)})")
         # Keep a share of the remainder, give the rest to the idle tasks.
         return {"split": 1.0 / (1 + len(waiting))}
 
@@ -117,7 +129,9 @@ class Rebalancer:
             entry = work.busy.get(partition)
             if entry and entry[0].seq == seq:
                 entry[0].unsplittable = True
+            work.note(f"p{partition} bundle {seq} split with no residual: unsplittable")
             return {}
+        work.note(f"p{partition} bundle {seq} split: {len(items)} item(s) queued")
         work.splits.setdefault(partition, {})[str(seq)] = record
         work.queue.append(list(items))
         work.splits_done += 1
@@ -132,6 +146,9 @@ class Rebalancer:
             del work.busy[partition]
         if work.split_asked == (partition, seq):
             work.split_asked = None  # finished before it could split
+            work.note(f"p{partition} bundle {seq} done before it split")
+        else:
+            work.note(f"p{partition} bundle {seq} done")
         return {}
 
     def want_work(self, job: str, stage: str, partition: int, now: float) -> dict[str, Any]:
@@ -144,8 +161,11 @@ class Rebalancer:
             work.assigned.setdefault(partition, []).append(batch)
             work.idle.pop(partition, None)
             work.unheard_since.pop(partition, None)
+            work.note(f"p{partition} wants work: given {len(batch)} item(s)")
             return {"work": batch}
         if len(work.started) < work.partitions:
+            work.note(f"p{partition} wants work: exit ({len(work.started)} of "
+                      f"{work.partitions} partitions started)")
             return {"exit": True}  # free the slot for a partition still waiting to start
         live = [
             p for p, (b, seen) in work.busy.items()
@@ -160,9 +180,14 @@ class Rebalancer:
             if not unheard or now - since >= _STALE_AFTER_S:
                 work.idle.pop(partition, None)
                 work.unheard_since.pop(partition, None)
+                work.note(f"p{partition} wants work: exit (no live bundle"
+                          f"{', none unheard' if not unheard else ', unheard for too long'})")
                 return {"exit": True}
         else:
             work.unheard_since.pop(partition, None)  # a live bundle: its own wait, not this one
+        if partition not in work.idle:
+            work.note(f"p{partition} wants work: wait (live: {sorted(live)}, "
+                      f"split asked: {work.split_asked})")
         work.idle.setdefault(partition, now)
         return {"wait": 0.05}
 
@@ -171,6 +196,7 @@ class Rebalancer:
         work.heard.add(partition)
         work.idle.pop(partition, None)
         work.busy.pop(partition, None)
+        work.note(f"p{partition} finished")
         return {}
 
     # -- views ------------------------------------------------------------------------------
@@ -180,6 +206,11 @@ class Rebalancer:
         if work is None:
             return {"splits": 0, "items_moved": 0}
         return {"splits": work.splits_done, "items_moved": work.items_moved}
+
+    def history(self, job: str, stage: str) -> list[str]:
+        """The stage's decisions in order (the first `_HISTORY` of them)."""
+        work = self._stages.get((job, stage))
+        return list(work.history) if work is not None else []
 
     def forget(self, job: str) -> None:
         for key in [k for k in self._stages if k[0] == job]:

@@ -64,6 +64,10 @@ class RebalanceServer:
         with self._lock:
             return self.rebalancer.stats(job, stage)
 
+    def history(self, job: str, stage: str) -> list[str]:
+        with self._lock:
+            return self.rebalancer.history(job, stage)
+
     def forget(self, job: str) -> None:
         with self._lock:
             self.rebalancer.forget(job)

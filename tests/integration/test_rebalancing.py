@@ -30,8 +30,11 @@ def test_a_straggler_is_split_and_every_position_is_read_exactly_once(tmp_path) 
     result = p.run()
     result.wait_until_finish()
     stats = result.split_stats  # type: ignore[attr-defined]
-    assert sum(s["splits"] for s in stats.values()) >= 1, stats
+    history = result.split_history  # type: ignore[attr-defined]
+    assert sum(s["splits"] for s in stats.values()) >= 1, (stats, history)
     assert sum(s["items_moved"] for s in stats.values()) >= 1
+    # The decisions are kept for such a message: who was asked to split, and what it gave.
+    assert any("asked to split" in e for h in history.values() for e in h), history
 
 
 def test_splitting_off_never_splits() -> None:

@@ -119,3 +119,28 @@ def test_a_waiter_exits_at_once_when_every_other_task_is_done(rb: Rebalancer) ->
     rb.bundle_done(JOB, STAGE, 0, seq=0)
     rb.finished(JOB, STAGE, 0)
     assert rb.want_work(JOB, STAGE, 1, now=1.0) == {"exit": True}
+
+
+def test_the_decisions_are_kept_in_order_for_a_run_that_did_not_split(rb: Rebalancer) -> None:
+    """What a failed run's message shows: each report, ask and answer once, a waiting task's
+    repeated asks once per wait."""
+    rb.hello(JOB, STAGE, 0, partitions=2)
+    rb.hello(JOB, STAGE, 1, partitions=2)
+    rb.busy(JOB, STAGE, 0, seq=0, now=0.0)
+    rb.busy(JOB, STAGE, 0, seq=0, now=0.1)  # the same bundle again: not a new entry
+    rb.want_work(JOB, STAGE, 1, now=1.0)
+    rb.want_work(JOB, STAGE, 1, now=1.05)  # still waiting: not a new entry
+    rb.busy(JOB, STAGE, 0, seq=0, now=1.1)
+    rb.split_result(JOB, STAGE, 0, seq=0, record=None, items=[])
+    rb.want_work(JOB, STAGE, 1, now=1.2)
+    assert rb.history(JOB, STAGE) == [
+        "p0 hello",
+        "p1 hello",
+        "p0 busy bundle 0",
+        "p1 wants work: wait (live: [0], split asked: None)",
+        "p0 asked to split bundle 0 (waiting: [1])",
+        "p0 bundle 0 split with no residual: unsplittable",
+        "p1 wants work: exit (no live bundle, none unheard)",
+    ]
+    rb.forget(JOB)
+    assert rb.history(JOB, STAGE) == []
