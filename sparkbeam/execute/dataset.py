@@ -37,6 +37,14 @@ OUT_SCHEMA = T.StructType(
 )
 
 
+# Types as objects, never as SQL text: a type name or expression in a string goes through
+# Spark's SQL parser (ANTLR), whose first use in a JVM costs ~0.3 s (its grammar's tables are
+# built then; bench/ANALYSIS.md), and every later one ~1-30 ms. Objects are sent as JSON.
+_BINARY = T.BinaryType()
+_INT = T.IntegerType()
+_KEY_VALUE = T.StructType([T.StructField("key", _BINARY, True),
+                           T.StructField("value", _BINARY, True)])
+
 ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 
 
@@ -64,10 +72,10 @@ class _Columns:
         return self.get(("col", name), lambda: F.col(name))
 
     def int_literal(self, value: int, alias: str) -> Column:
-        return self.get(("int", value, alias), lambda: F.lit(value).cast("int").alias(alias))
+        return self.get(("int", value, alias), lambda: F.lit(value).cast(_INT).alias(alias))
 
     def null_key(self) -> Column:
-        return self.get(("null key",), lambda: F.lit(None).cast("binary").alias("key"))
+        return self.get(("null key",), lambda: F.lit(None).cast(_BINARY).alias("key"))
 
     def tag_is(self, tag: int) -> Column:
         return self.get(("tag", tag), lambda: self.col("tag") == tag)
@@ -109,7 +117,7 @@ class Datasets:
         c = self._c
 
         def literal() -> Column:
-            return F.lit(bytearray(value)).cast("binary").alias("value")
+            return F.lit(bytearray(value)).cast(_BINARY).alias("value")
 
         # Kept only when short: the impulse's few bytes, the same for every job.
         value_column = c.get(("value", value), literal) if len(value) <= 64 else literal()
@@ -127,14 +135,15 @@ class Datasets:
         lines = (self.spark.read.option("lineSep", "\n").option("ignoreCorruptFiles", "false")
                  .option("ignoreMissingFiles", "false")
                  .text([f"file://{p}" for p in paths])
-                 .select(F.col("value").cast("binary").alias("line")))
-        n = "octet_length(line)"
-        stripped = F.expr(f"CASE WHEN {n} > 0 AND substr(line, -1, 1) = X'0D' "
-                          f"THEN substr(line, 1, {n} - 1) ELSE line END").alias("line")
+                 .select(F.col("value").cast(_BINARY).alias("line")))
+        line = F.col("line")
+        n = F.octet_length(line)
+        stripped = F.when((n > 0) & (F.substring(line, -1, 1) == F.lit(bytearray(b"\r"))),
+                          F.substring(line, F.lit(1), n - 1)).otherwise(line).alias("line")
         return lines.select(stripped).select(
-            F.lit(None).cast("binary").alias("key"),
-            F.concat(F.lit(bytearray(prefix)).cast("binary"), _varint("octet_length(line)"),
-                     F.col("line")).alias("value"))
+            F.lit(None).cast(_BINARY).alias("key"),
+            F.concat(F.lit(bytearray(prefix)).cast(_BINARY), _varint(F.octet_length(line)),
+                     line).alias("value"))
 
     def encode_rows(self, df: DataFrame,
                     prepare: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
@@ -149,7 +158,7 @@ class Datasets:
 
         if name:
             encode.__name__ = encode.__qualname__ = _ui_name(name)
-        return df.mapInArrow(encode, "key binary, value binary")
+        return df.mapInArrow(encode, _KEY_VALUE)
 
     def decode_rows(self, df: DataFrame,
                     decoder: Callable[[], Callable[[list[bytes]], pa.RecordBatch]],
@@ -186,7 +195,7 @@ class Datasets:
         either = c.get(("tag or", tag, metrics_tag),
                        lambda: c.tag_is(tag) | c.tag_is(metrics_tag))
         number = c.get(("input or metrics", index, metrics_tag), lambda: F.when(
-            c.tag_is(metrics_tag), F.lit(metrics_tag)).otherwise(F.lit(index)).cast("int")
+            c.tag_is(metrics_tag), F.lit(metrics_tag)).otherwise(F.lit(index)).cast(_INT)
             .alias("input"))
         return out.where(either).select(number, c.col("key"), c.col("value"))
 
@@ -477,15 +486,17 @@ def _ui_name(text: str, limit: int = 120) -> str:
     return re.sub(r"\W+", "_", text).strip("_")[:limit] or "sparkbeam_stage"
 
 
-def _varint(length: str) -> Any:
-    """Beam's varint of the int SQL expression `length` (< 2**35), as binary: one byte per
-    7 bits, low first, the high bit set on all but the last."""
+def _varint(length: Column) -> Column:
+    """Beam's varint of the int column `length` (< 2**35), as binary: one byte per 7 bits,
+    low first, the high bit set on all but the last."""
     parts = []
     for i in range(5):
-        byte = f"((({length}) >> {7 * i}) & 127) | IF(({length}) >= {1 << 7 * (i + 1)}, 128, 0)"
-        one = f"unhex(lpad(hex({byte}), 2, '0'))"
-        parts.append(one if i == 0 else f"IF(({length}) >= {1 << 7 * i}, {one}, X'')")
-    return F.expr(f"concat({', '.join(parts)})")
+        more = F.when(length >= F.lit(1 << 7 * (i + 1)), F.lit(128)).otherwise(F.lit(0))
+        byte = F.shiftright(length, 7 * i).bitwiseAND(F.lit(127)).bitwiseOR(more)
+        one = F.unhex(F.lpad(F.hex(byte), 2, "0"))
+        parts.append(one if i == 0 else F.when(length >= F.lit(1 << 7 * i), one)
+                     .otherwise(F.lit(bytearray())))
+    return F.concat(*parts)
 
 
 def _union(dfs: list[DataFrame]) -> DataFrame:

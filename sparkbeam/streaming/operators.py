@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import Row
+from pyspark.sql import types as T
 from pyspark.sql.streaming import StatefulProcessorHandle
 
 from sparkbeam.engine.arrow import rows_of, to_arrow_batches
@@ -49,7 +50,10 @@ from sparkbeam.streaming.sides import (
 from sparkbeam.streaming.splittable import SplittableKey, spread_endpoint
 from sparkbeam.streaming.stateful import KeyStage, rows_by_input
 
-ROW_SCHEMA = "tag int, key binary, value binary"
+# A type object, not DDL text: text goes through Spark's SQL parser (sparkbeam/execute/dataset.py).
+ROW_SCHEMA = T.StructType([T.StructField("tag", T.IntegerType()),
+                           T.StructField("key", T.BinaryType()),
+                           T.StructField("value", T.BinaryType())])
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from sparkbeam.engine.task import TaskSpec
 from sparkbeam.engine.task_errors import stage_error
@@ -203,14 +204,15 @@ def _stateless(frame: DataFrame, task: StageTask, stage: Stage, splan: Streaming
 def _spread(frame: DataFrame, settings: StreamingSettings) -> Any:
     """The rows keyed by a spread key: the hash of the element modulo --parallelism."""
     spread = F.pmod(F.xxhash64("value"), F.lit(settings.partitions or 2))
-    return frame.withColumn("key", spread.cast("string").cast("binary")).groupBy("key")
+    key = spread.cast(T.StringType()).cast(T.BinaryType())
+    return frame.withColumn("key", key).groupBy("key")
 
 
 def _bucketed(frame: DataFrame, settings: StreamingSettings) -> Any:
     """The rows grouped by a bucket of their Beam key (`buckets.py`): Spark's per-key calls are
     paid per bucket, not per key."""
     bucket = F.pmod(F.xxhash64("key"), F.lit(bucket_count(settings.partitions or 2)))
-    return frame.withColumn("bucket", bucket.cast("int")).groupBy("bucket")
+    return frame.withColumn("bucket", bucket.cast(T.IntegerType())).groupBy("bucket")
 
 
 def _keyed(frame: DataFrame, settings: StreamingSettings, processor: Bindable) -> DataFrame:

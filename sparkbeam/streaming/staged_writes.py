@@ -104,8 +104,11 @@ def flush_staged(spark: Any, writes: tuple[StagedWrite, ...], query: str,
     if not work:
         return 0
     writer = _PartitionWriter(writes, tuple(work), query)
+    from pyspark.sql import types as T  # the driver's only use of pyspark in this module
+
+    ids = T.StructType([T.StructField("id", T.LongType())])
     (spark.range(len(work), numPartitions=len(work))
-     .mapInArrow(writer, "id long").write.format("noop").mode("overwrite").save())
+     .mapInArrow(writer, ids).write.format("noop").mode("overwrite").save())
     for n, _, files in work:
         for _, name in files:
             os.remove(os.path.join(writes[n].directory, name))
