@@ -15,15 +15,25 @@ of a Spark text read (a batch of lines is at most its task's file split, itself 
 128 MB), or an element whose coder bounds its encoding (`max_encoded_size`) at
 `MAX_ROW_BYTES`; a buffer WriteToSpark writes (decoded into Arrow batches the same way) is
 such an element too; and there is no ReadFromSpark (its rows are the user's table's).
+An input that provably holds at most one element is left out of the check, whatever its coder:
+a batch of it is that one row with the limit or without (Spark checks the bytes only before
+adding a row). Every bounded file write has one, read twice: `WriteImpl`'s `DoOnce`, a
+`Create([None])` that `PreFinalize` and `FinalizeWrite` read, whose coder bounds nothing;
+before it was left out, no job ending in a `WriteToText` batched by count. Such an input read
+beside others can add its one row to a batch of bounded ones: at most that row over 64 MB.
 Anything else keeps Spark's byte limit, unless `--arrow_batch_bytes` says otherwise.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from typing import Any
 
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners.portability.fn_api_runner import translations
 
+from sparkbeam.plan.direct_paths import loaded_dofn, wrapped_fn
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan
 
 #: Spark's default byte limit over its default (and sparkbeam's) row limit: rows this small
@@ -70,22 +80,95 @@ def max_encoded_size(coder_id: str, coders: Mapping[str, beam_runner_api_pb2.Cod
     return None
 
 
+_IMPULSE = common_urns.primitives.IMPULSE.urn
+_PAR_DO = common_urns.primitives.PAR_DO.urn
+_MAX_CHAIN = 16  # transforms followed back from a buffer before giving up
+
+
+@functools.cache
+def _create_lambda() -> Any:
+    """The code of Beam's `Create` expansion's `FlatMap(lambda _: serialized_values)`."""
+    from apache_beam.transforms import core
+
+    found = [c for c in core.Create.expand.__code__.co_consts
+             if getattr(c, "co_freevars", None) == ("serialized_values",)]
+    return found[0] if len(found) == 1 else None
+
+
+def _one_input_pardo_fn(transform: beam_runner_api_pb2.PTransform) -> tuple[Any, str] | None:
+    """(the function, its one input PCollection) of a ParDo of Beam's `CallableWrapperDoFn`
+    with one input, one output, no side input, state or timer; else None."""
+    if transform.spec.urn != _PAR_DO or len(transform.inputs) != 1 or len(transform.outputs) != 1:
+        return None
+    payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+    if payload.side_inputs or payload.state_specs or payload.timer_family_specs:
+        return None
+    try:
+        dofn = loaded_dofn(transform)[0]
+    except Exception:  # noqa: BLE001 - a DoFn this process cannot load is not one of Beam's
+        return None
+    fn = getattr(dofn, "_fn", None)
+    return (fn, next(iter(transform.inputs.values()))) if fn is not None else None
+
+
+def element_bound(comps: beam_runner_api_pb2.Components, pcoll: str) -> int | None:
+    """The most elements PCollection `pcoll` can hold, when its producers prove it: an
+    Impulse's one, Beam's `Create` expansion's FlatMap (as many as it was given, per input
+    element), Beam's one-argument `Map` (one per input element); None otherwise."""
+    # A transform whose output is its input (Create's `MaybeReshuffle` of one value, a
+    # composite that returned its input) produces nothing: the one before it does.
+    producers = {out: t for _, t in sorted(comps.transforms.items()) if not t.subtransforms
+                 for out in t.outputs.values() if out not in t.inputs.values()}
+    factor = 1
+    for _ in range(_MAX_CHAIN):
+        transform = producers.get(pcoll)
+        if transform is None:
+            return None
+        if transform.spec.urn == _IMPULSE:
+            return factor
+        found = _one_input_pardo_fn(transform)
+        if found is None:
+            return None
+        fn, pcoll = found
+        code, create = getattr(fn, "__code__", None), _create_lambda()
+        wrapped = wrapped_fn(fn)
+        if wrapped is not None and wrapped[0] == "map":
+            continue
+        if (create is not None and code is not None and code.co_code == create.co_code
+                and code.co_filename == create.co_filename
+                and code.co_firstlineno == create.co_firstlineno
+                and code.co_freevars == create.co_freevars):
+            values = fn.__closure__[0].cell_contents
+            if not isinstance(values, list):
+                return None
+            factor *= len(values)
+            continue
+        return None
+    return None
+
+
 def rows_provably_small(plan: Plan) -> bool:
     """Whether every row a batch plan's Python workers read is small enough (see the module
     doc): the stages' inputs, and the buffers WriteToSpark decodes into Arrow batches."""
     if plan.spark_reads:
         return False
-    coders = beam_runner_api_pb2.Components.FromString(plan.components).coders
     read: list[str] = [write.coder_id for write in plan.spark_writes]
+    comps = beam_runner_api_pb2.Components.FromString(plan.components)
     for stage in plan.stages:
         for use in stage.inputs:
             if use.buffer_id == IMPULSE_BUFFER or use.buffer_id in plan.text_reads:
                 continue
             # A grouped input's rows are its ungrouped elements (grouped in the worker).
             grouping = plan.groupings.get(use.buffer_id)
-            read.append(grouping.input_coder_id if grouping else use.coder_id)
+            coder_id = grouping.input_coder_id if grouping else use.coder_id
+            if grouping is None and max_encoded_size(coder_id, comps.coders) is None:
+                kind, pcoll = translations.split_buffer_id(use.buffer_id)
+                bound = element_bound(comps, pcoll) if kind == "materialize" else None
+                if bound is not None and bound <= 1:
+                    continue  # one row: batched alike with the limit or without
+            read.append(coder_id)
     for coder_id in read:
-        value = max_encoded_size(coder_id, coders)
+        value = max_encoded_size(coder_id, comps.coders)
         # The row's key is (at most) the value's own key, encoded again.
         if value is None or 4 + 2 * value > MAX_ROW_BYTES:
             return False

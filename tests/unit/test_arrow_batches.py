@@ -113,3 +113,66 @@ def test_a_buffer_writetospark_decodes_counts_too() -> None:
         write = RunnerWrite(transform="Write", buffer_id=b"written", coder_id=coder_id,
                             payload=b"")
         assert rows_provably_small(dataclasses.replace(plan, spark_writes=(write,))) is small
+
+
+def _ends_in_text_write(tmp_path, typed_values: bool) -> beam.Pipeline:  # type: ignore[no-untyped-def]
+    p = beam.Pipeline()
+    pairs = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
+             | beam.Map(lambda x: (x % 3, x)).with_output_types(tuple[int, int])
+             | beam.GroupByKey())
+    if typed_values:  # the grouping's rows bounded; the write's lines made in the same stage
+        lines = pairs | beam.MapTuple(lambda k, vs: f"{k}:{sum(vs)}")
+    else:  # the lines cross a stage boundary into the write's bundles: unbounded strings
+        lines = (pairs | beam.MapTuple(lambda k, vs: (k, f"{k}:{sum(vs)}"))
+                 | "Again" >> beam.GroupByKey() | beam.MapTuple(lambda k, vs: list(vs)[0]))
+    _ = lines | beam.io.WriteToText(str(tmp_path / "out"))
+    return p
+
+
+def test_a_text_writes_one_element_inputs_do_not_keep_the_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """WriteImpl's DoOnce (a Create of one value, through its MaybeReshuffle that passes its
+    input on) is read by PreFinalize and FinalizeWrite, whose coder bounds nothing: one row,
+    batched alike with the limit or without."""
+    from apache_beam.portability.api import beam_runner_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import translations
+
+    from sparkbeam.plan.arrow_batches import element_bound
+
+    plan = plan_batch(_ends_in_text_write(tmp_path, typed_values=True).to_runner_api())
+    comps = beam_runner_api_pb2.Components.FromString(plan.components)
+    finalising = [use for stage in plan.stages for use in stage.inputs
+                  if "Finalize" in stage.description]
+    assert len(finalising) == 2
+    for use in finalising:
+        assert max_encoded_size(use.coder_id, comps.coders) is None
+        assert element_bound(comps, translations.split_buffer_id(use.buffer_id)[1]) == 1
+    assert rows_provably_small(plan)
+    # Strings read by the write's bundles from another stage still keep the limit.
+    other = plan_batch(_ends_in_text_write(tmp_path, typed_values=False).to_runner_api())
+    assert not rows_provably_small(other)
+
+
+def test_element_bounds_come_from_impulse_create_and_map_only() -> None:
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    from sparkbeam.plan.arrow_batches import element_bound
+
+    p = beam.Pipeline()
+    one = p | "One" >> beam.Create(["a"])
+    three = p | "Three" >> beam.Create(["a", "b", "c"], reshuffle=False)
+    mapped = one | "Mapped" >> beam.Map(str.upper)
+    flat = one | "Flat" >> beam.FlatMap(lambda s: [s, s])
+    with_side = one | "Side" >> beam.Map(lambda s, t: s + t, beam.pvalue.AsSingleton(one))
+    impulse = p | "Impulse" >> beam.Impulse()
+    proto = p.to_runner_api()
+    comps = proto.components
+    ids = {t.unique_name: next(iter(t.outputs.values()))
+           for t in comps.transforms.values() if t.outputs}
+    assert element_bound(comps, ids["Impulse"]) == 1
+    assert element_bound(comps, ids["One"]) == 1
+    assert element_bound(comps, ids["Three"]) == 3
+    assert element_bound(comps, ids["Mapped"]) == 1
+    assert element_bound(comps, ids["Flat"]) is None  # a user's FlatMap: any number
+    assert element_bound(comps, ids["Side"]) is None  # a side input: not followed
+    assert element_bound(comps, "no-such-pcollection") is None
+    _ = (impulse, three, mapped, flat, with_side, beam_runner_api_pb2)
