@@ -20,7 +20,7 @@ from typing import Any
 
 WorkItem = tuple[int, str]  # (stage input index, base64 element) as sent over the wire
 _STALE_AFTER_S = 3.0  # a busy task silent for this long is considered gone
-_HISTORY = 200  # decisions kept per stage, for a failed or puzzling run's message
+HISTORY_KEPT = 100  # decisions kept per stage at each end, for a failed or puzzling run's message
 
 
 @dataclass
@@ -51,12 +51,19 @@ class _StageWork:
     heard: set[int] = field(default_factory=set)
     unheard_since: dict[int, float] = field(default_factory=dict)  # waiter -> since
     # What was asked and answered, in order (a waiting task's repeated asks once per wait),
-    # so a run that did not split can say why.
+    # so a run that did not split can say why: the first decisions and the latest.
     history: list[str] = field(default_factory=list)
+    latest: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=HISTORY_KEPT))
+    dropped: int = 0
 
     def note(self, event: str) -> None:
-        if len(self.history) < _HISTORY:
+        if len(self.history) < HISTORY_KEPT:
             self.history.append(event)
+            return
+        if len(self.latest) == HISTORY_KEPT:
+            self.dropped += 1
+        self.latest.append(event)
 
 
 class Rebalancer:
@@ -208,9 +215,13 @@ class Rebalancer:
         return {"splits": work.splits_done, "items_moved": work.items_moved}
 
     def history(self, job: str, stage: str) -> list[str]:
-        """The stage's decisions in order (the first `_HISTORY` of them)."""
+        """The stage's decisions in order: the first and the latest `HISTORY_KEPT`, and how many
+        between them were left out."""
         work = self._stages.get((job, stage))
-        return list(work.history) if work is not None else []
+        if work is None:
+            return []
+        gap = [f"... {work.dropped} decision(s) left out ..."] if work.dropped else []
+        return [*work.history, *gap, *work.latest]
 
     def forget(self, job: str) -> None:
         for key in [k for k in self._stages if k[0] == job]:

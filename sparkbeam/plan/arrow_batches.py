@@ -19,8 +19,9 @@ An input that provably holds at most one element is left out of the check, whate
 a batch of it is that one row with the limit or without (Spark checks the bytes only before
 adding a row). Every bounded file write has one, read twice: `WriteImpl`'s `DoOnce`, a
 `Create([None])` that `PreFinalize` and `FinalizeWrite` read, whose coder bounds nothing;
-before it was left out, no job ending in a `WriteToText` batched by count. Such an input read
-beside others can add its one row to a batch of bounded ones: at most that row over 64 MB.
+before it was left out, no job ending in a `WriteToText` batched by count. A stage may have one
+such input: read beside bounded ones in a shuffled or spread stage (which mix their inputs'
+rows), it adds its one row to a batch of them, at most that row over 64 MB.
 Anything else keeps Spark's byte limit, unless `--arrow_batch_bytes` says otherwise.
 """
 from __future__ import annotations
@@ -147,6 +148,19 @@ def element_bound(comps: beam_runner_api_pb2.Components, pcoll: str) -> int | No
     return None
 
 
+def holds_one_element(comps: beam_runner_api_pb2.Components, buffer_id: bytes) -> bool:
+    """Whether a stage input's buffer is a PCollection's that provably holds at most one
+    element. Beam names a Flatten's buffer after the transform, not a PCollection: a buffer
+    whose name is also a transform's is not taken for the PCollection of that id."""
+    kind, pcoll = translations.split_buffer_id(buffer_id)
+    if kind != "materialize" or pcoll not in comps.pcollections:
+        return False
+    if any(t.unique_name == pcoll for t in comps.transforms.values()):
+        return False
+    bound = element_bound(comps, pcoll)
+    return bound is not None and bound <= 1
+
+
 def rows_provably_small(plan: Plan) -> bool:
     """Whether every row a batch plan's Python workers read is small enough (see the module
     doc): the stages' inputs, and the buffers WriteToSpark decodes into Arrow batches."""
@@ -155,17 +169,20 @@ def rows_provably_small(plan: Plan) -> bool:
     read: list[str] = [write.coder_id for write in plan.spark_writes]
     comps = beam_runner_api_pb2.Components.FromString(plan.components)
     for stage in plan.stages:
+        exempt = False
         for use in stage.inputs:
             if use.buffer_id == IMPULSE_BUFFER or use.buffer_id in plan.text_reads:
                 continue
             # A grouped input's rows are its ungrouped elements (grouped in the worker).
             grouping = plan.groupings.get(use.buffer_id)
             coder_id = grouping.input_coder_id if grouping else use.coder_id
-            if grouping is None and max_encoded_size(coder_id, comps.coders) is None:
-                kind, pcoll = translations.split_buffer_id(use.buffer_id)
-                bound = element_bound(comps, pcoll) if kind == "materialize" else None
-                if bound is not None and bound <= 1:
-                    continue  # one row: batched alike with the limit or without
+            if (grouping is None and not exempt
+                    and max_encoded_size(coder_id, comps.coders) is None
+                    and holds_one_element(comps, use.buffer_id)):
+                # One row: batched alike with the limit or without. One such input a stage:
+                # a shuffled or spread stage mixes its inputs' rows in a batch.
+                exempt = True
+                continue
             read.append(coder_id)
     for coder_id in read:
         value = max_encoded_size(coder_id, comps.coders)

@@ -152,6 +152,58 @@ def test_a_text_writes_one_element_inputs_do_not_keep_the_limit(tmp_path) -> Non
     assert not rows_provably_small(other)
 
 
+def _read_after_its_side_input(values: list[str]) -> beam.Pipeline:
+    """`values` (strings: no bound) read by a stage of their own: the reader needs a side input
+    made from them, so they cross a stage boundary ungrouped."""
+    p = beam.Pipeline()
+    words = p | "Words" >> beam.Create(values, reshuffle=False)
+    side = words | "Len" >> beam.Map(len).with_output_types(int)
+    _ = words | "Use" >> beam.Map(lambda s, n: s, beam.pvalue.AsList(side))
+    return p
+
+
+def test_only_an_input_of_one_element_is_exempt_from_the_coders_bound() -> None:
+    one = plan_batch(_read_after_its_side_input(["a"]).to_runner_api())
+    three = plan_batch(_read_after_its_side_input(["a", "bb", "ccc"]).to_runner_api())
+    assert [len(s.inputs) for s in three.stages] == [1, 1]  # the impulse, then the strings
+    assert rows_provably_small(one)
+    assert not rows_provably_small(three)
+
+
+def test_a_stage_has_at_most_one_exempt_input() -> None:
+    """A shuffled or spread stage mixes its inputs' rows: two one-row inputs of any size could
+    share a batch that Spark's limit would have cut."""
+    import dataclasses
+
+    plan = plan_batch(_read_after_its_side_input(["a"]).to_runner_api())
+    reader = plan.stages[-1]
+    twice = dataclasses.replace(reader, inputs=reader.inputs * 2)
+    assert rows_provably_small(plan)
+    assert not rows_provably_small(dataclasses.replace(
+        plan, stages=(*plan.stages[:-1], twice)))
+
+
+def test_a_buffer_named_after_a_transform_is_not_taken_for_a_pcollection() -> None:
+    """Beam names a Flatten's buffer after the Flatten: a transform labelled like a
+    PCollection id must not lend that PCollection's bound to the buffer."""
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    from sparkbeam.plan.arrow_batches import holds_one_element
+
+    p = beam.Pipeline()
+    one = p | "One" >> beam.Create(["a"])
+    comps = p.to_runner_api().components
+    pcoll = next(pc for t in comps.transforms.values() if t.unique_name == "One"
+                 for pc in t.outputs.values())
+    assert holds_one_element(comps, b"materialize:" + pcoll.encode())
+    clash = beam_runner_api_pb2.Components()
+    clash.CopyFrom(comps)
+    clash.transforms["flatten"].unique_name = pcoll
+    assert not holds_one_element(clash, b"materialize:" + pcoll.encode())
+    assert not holds_one_element(comps, b"group:" + pcoll.encode())
+    _ = one
+
+
 def test_element_bounds_come_from_impulse_create_and_map_only() -> None:
     from apache_beam.portability.api import beam_runner_api_pb2
 

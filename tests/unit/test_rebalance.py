@@ -144,3 +144,20 @@ def test_the_decisions_are_kept_in_order_for_a_run_that_did_not_split(rb: Rebala
     ]
     rb.forget(JOB)
     assert rb.history(JOB, STAGE) == []
+
+
+def test_the_history_keeps_the_first_and_the_latest_decisions(rb: Rebalancer) -> None:
+    """A long stage's history is bounded, and what a puzzled run needs last (the late asks
+    and answers) is kept as well as how it began."""
+    from sparkbeam.control.rebalance import HISTORY_KEPT
+
+    rb.hello(JOB, STAGE, 0, partitions=1)
+    for seq in range(3 * HISTORY_KEPT):
+        rb.busy(JOB, STAGE, 0, seq=seq, now=float(seq))
+        rb.bundle_done(JOB, STAGE, 0, seq=seq)
+    history = rb.history(JOB, STAGE)
+    assert len(history) == 2 * HISTORY_KEPT + 1
+    assert history[:2] == ["p0 hello", "p0 busy bundle 0"]
+    left_out = 6 * HISTORY_KEPT + 1 - 2 * HISTORY_KEPT  # a hello, then a busy and a done each
+    assert history[HISTORY_KEPT] == f"... {left_out} decision(s) left out ..."
+    assert history[-1] == f"p0 bundle {3 * HISTORY_KEPT - 1} done"
