@@ -99,8 +99,10 @@ class Rebalancer:
         work.heard.add(partition)
         work.idle.pop(partition, None)
         current = work.busy.get(partition)
-        bundle = current[0] if current and current[0].seq == seq else _Bundle(seq, now)
-        if bundle is not (current[0] if current else None):
+        if current and current[0].seq == seq:
+            bundle = current[0]
+        else:
+            bundle = _Bundle(seq, now)
             work.note(f"p{partition} busy bundle {seq}")
         work.busy[partition] = (bundle, now)
         if work.split_asked is not None or work.queue or bundle.unsplittable:

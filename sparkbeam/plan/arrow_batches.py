@@ -34,7 +34,7 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations
 
-from sparkbeam.plan.direct_paths import loaded_dofn, wrapped_fn
+from sparkbeam.plan.direct_paths import loaded_dofn, same_code, wrapped_fn
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan
 
 #: Spark's default byte limit over its default (and sparkbeam's) row limit: rows this small
@@ -131,14 +131,10 @@ def element_bound(comps: beam_runner_api_pb2.Components, pcoll: str) -> int | No
         if found is None:
             return None
         fn, pcoll = found
-        code, create = getattr(fn, "__code__", None), _create_lambda()
         wrapped = wrapped_fn(fn)
         if wrapped is not None and wrapped[0] == "map":
             continue
-        if (create is not None and code is not None and code.co_code == create.co_code
-                and code.co_filename == create.co_filename
-                and code.co_firstlineno == create.co_firstlineno
-                and code.co_freevars == create.co_freevars):
+        if same_code(getattr(fn, "__code__", None), _create_lambda()):
             values = fn.__closure__[0].cell_contents
             if not isinstance(values, list):
                 return None

@@ -238,6 +238,14 @@ def _wrapper_codes() -> dict[str, Any]:
             for kind, make in (("map", core.Map), ("filter", core.Filter))}
 
 
+def same_code(code: Any, ref: Any) -> bool:
+    """Whether `code` is the code object `ref` of Beam's source as a pickled function carries
+    it (a new code object: the same bytecode, file, line, name and free variables)."""
+    return (code is not None and ref is not None and code.co_code == ref.co_code
+            and code.co_filename == ref.co_filename and code.co_firstlineno == ref.co_firstlineno
+            and code.co_name == ref.co_name and code.co_freevars == ref.co_freevars)
+
+
 def wrapped_fn(process: Any) -> tuple[str, Callable[[Any], Any]] | None:
     """("map" or "filter", the user's function) when `process` is Beam's own Map or Filter
     wrapper of a one-argument call (same code, same place in Beam's source; a pickled copy is
@@ -249,9 +257,7 @@ def wrapped_fn(process: Any) -> tuple[str, Callable[[Any], Any]] | None:
     if code is None or not cells or len(cells) != 1:
         return None
     for kind, ref in _wrapper_codes().items():
-        if (code.co_code == ref.co_code and code.co_filename == ref.co_filename
-                and code.co_firstlineno == ref.co_firstlineno and code.co_name == ref.co_name
-                and code.co_freevars == ref.co_freevars):
+        if same_code(code, ref):
             fn = cells[0].cell_contents
             return (kind, fn) if callable(fn) else None
     return None
