@@ -182,10 +182,12 @@ class SparkJob:
         from sparkbeam.execute.dataset import Datasets
         from sparkbeam.execute.session import get_session
         from sparkbeam.execute.executor import ExecutionSettings, Executor
+        from sparkbeam.execute.warm_up import warm_python_workers
 
         try:
             spark_options = self.options.view_as(SparkOptions)
             spark = get_session(spark_options, self._session_defaults)
+            warm_python_workers(spark)  # while this job plans (execute/warm_up.py)
             datasets = Datasets(spark, positive_or_none(spark_options.parallelism))
             self._datasets = datasets
             if datasets.ship_sparkbeam():
@@ -493,6 +495,12 @@ class SparkRunner(PipelineRunner):
 
     def run_pipeline(self, pipeline, options):  # type: ignore[no-untyped-def, override]
         RuntimeValueProvider.set_runtime_options({})
+        from sparkbeam.execute.session import active_session
+        from sparkbeam.execute.warm_up import warm_python_workers
+
+        active = active_session()  # the session the job will run on, if one is up already
+        if active is not None:
+            warm_python_workers(active)  # while Beam builds the proto and the job plans
         debug = options.view_as(pipeline_options.DebugOptions)
         experiments = debug.experiments or []
         if "beam_fn_api" not in experiments:
