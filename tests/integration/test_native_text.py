@@ -116,3 +116,31 @@ def test_invalid_utf8_fails_like_beams_read_naming_the_stage_and_the_read() -> N
     with pytest.raises(UserCodeError, match=r"(?s)stage-\d+ .*in step ReadLines/Read.*'utf-8' "
                        r"codec can't decode byte 0xff"):
         run_and_collect(build, SparkRunner())
+
+
+# Each byte count's edges: the lengths whose varint grows a byte, and Spark's largest string.
+_EDGES = sorted({0, 1, 2**31 - 1} | {2**(7 * k) + d for k in range(1, 5) for d in (-1, 0)})
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=200))
+def test_the_length_prefix_is_beams_varint(spark, lengths: list[int]) -> None:  # type: ignore[no-untyped-def]
+    # The prefix each line's bytes get before the bundle processor decodes them
+    # (`dataset._varint`), against Beam's own encoding of the same numbers.
+    from apache_beam.coders.coder_impl import create_OutputStream
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from sparkbeam.execute.dataset import _varint
+
+    def beams(n: int) -> bytes:
+        out = create_OutputStream()
+        out.write_var_int64(n)
+        return out.get()
+
+    numbers = _EDGES + lengths
+    schema = T.StructType([T.StructField("n", T.IntegerType())])
+    df = spark.createDataFrame([(n,) for n in numbers], schema)
+    got = [bytes(r.v) for r in df.select(_varint(F.col("n")).alias("v")).collect()]
+    assert got == [beams(n) for n in numbers]
