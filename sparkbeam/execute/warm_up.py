@@ -16,6 +16,7 @@ out, and a failure is only logged: it is an optimisation, never part of a job.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -56,6 +57,7 @@ def _pass_through(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def _run(spark: Any) -> None:
+    sc = None
     try:
         sc = spark.sparkContext
         # A local property of this thread's jobs only (PySpark pins Python threads to JVM
@@ -66,3 +68,8 @@ def _run(spark: Any) -> None:
         one.mapInArrow(_pass_through, one.schema).collect()
     except Exception as exc:  # noqa: BLE001 - the pipeline's own job reports real problems
         _LOG.debug("warming the Python workers failed: %s", exc)
+    finally:
+        if sc is not None:  # in case the JVM thread serves another Python thread later
+            with contextlib.suppress(Exception):
+                sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+                sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
