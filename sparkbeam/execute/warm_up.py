@@ -9,10 +9,12 @@ and planning the query on the JVM, with the other core idle.
 
 So the first job of a local session also starts a one-row Python job of its own, in a
 thread, as it begins: the daemon imports Beam while the driver plans, and the job's first
-task finds a worker waiting. Once per SparkContext; a local master only (elsewhere the
-executors' daemon is PySpark's own and a task would warm one executor of many); never over
-Spark Connect. It runs in a job group of its own, so a pipeline's Spark job count leaves it
-out, and a failure is only logged: it is an optimisation, never part of a job.
+task finds a worker waiting. Once per SparkContext; local masters only, those whose workers
+fork sparkbeam's daemon (`session_config`): `local[...]`, and `local-cluster[...]`, where it
+warms one executor. On a cluster the executors' daemon is PySpark's own, and one task would
+warm one executor of many. Never over Spark Connect. It runs in a job group of its own, so
+a pipeline's Spark job count leaves it out, and a failure is only logged: it is an
+optimisation, never part of a job.
 """
 from __future__ import annotations
 
