@@ -18,7 +18,6 @@ optimisation, never part of a job.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -59,19 +58,15 @@ def _pass_through(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def _run(spark: Any) -> None:
-    sc = None
+    from sparkbeam.execute.dataset import Datasets
+
     try:
-        sc = spark.sparkContext
-        # A local property of this thread's jobs only (PySpark pins Python threads to JVM
-        # threads): the pipeline's own jobs keep their groups.
-        sc.setJobGroup(WARM_UP_GROUP, "sparkbeam: starting the Python workers",
-                       interruptOnCancel=False)
-        one = spark.range(0, 1, 1, 1)
-        one.mapInArrow(_pass_through, one.schema).collect()
+        # A job group is a local property of this thread's jobs only (PySpark pins Python
+        # threads to JVM threads): the pipeline's own jobs keep theirs. `job_group` clears it
+        # after, in case the JVM thread serves another Python thread later.
+        with Datasets(spark, parallelism=1).job_group(
+                WARM_UP_GROUP, "sparkbeam: starting the Python workers"):
+            one = spark.range(0, 1, 1, 1)
+            one.mapInArrow(_pass_through, one.schema).collect()
     except Exception as exc:  # noqa: BLE001 - the pipeline's own job reports real problems
         _LOG.debug("warming the Python workers failed: %s", exc)
-    finally:
-        if sc is not None:  # in case the JVM thread serves another Python thread later
-            with contextlib.suppress(Exception):
-                sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-                sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
