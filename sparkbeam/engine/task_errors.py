@@ -71,8 +71,28 @@ def stage_error(stage: Stage | None, exc: BaseException, writing: str = "") -> E
             exc_message=payload["message"],
             user_traceback=payload["traceback"],
         )
+    hidden = _masked_by_pyspark(exc)
+    if hidden is not None:
+        # PySpark's finally hid why the driver could not read the result; say that instead.
+        exc, text = hidden, f"reading the action's result from Spark's JVM: {hidden}"
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    summary = "\n".join(lines[:3] + (["..."] if len(lines) > 6 else []) + lines[-3:])
+    kept = lines if len(lines) <= 6 else lines[:3] + ["..."] + lines[-3:]
+    summary = "\n".join(kept)
     where = (f"{writing} (Spark's write)" if writing
              else stage.display if stage is not None else "the job")
     return ExecutionError(f"Spark failed while running {where}: {type(exc).__name__}: {summary}")
+
+
+def _masked_by_pyspark(exc: BaseException) -> BaseException | None:
+    """The real error under PySpark's `_load_from_socket` (pyspark/util.py, 4.x): when the
+    driver cannot connect to the socket a collect serves its result on (e.g. the JVM stopped
+    waiting for it), that function's `finally` closes a file it never opened and raises
+    UnboundLocalError ('sockfile'), whose context is the connect error. None otherwise."""
+    if not isinstance(exc, UnboundLocalError) or exc.__context__ is None:
+        return None
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or tb.tb_frame.f_code.co_name != "_load_from_socket":
+        return None
+    return exc.__context__

@@ -48,3 +48,46 @@ def test_task_error_payload_survives_any_wrapping() -> None:
     assert payload["stage"] == "stage-003 [Parse, Count]"
     assert "raise ValueError" in payload["traceback"]
     assert parse_error_payload("no payload here") is None
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_collect_that_cannot_reach_its_result_says_why_not_sockfile() -> None:
+    """PySpark 4.x's `_load_from_socket` hides a failed connect to the JVM's result socket
+    under UnboundLocalError('sockfile'); the job's error carries the connect error instead."""
+    from pyspark.serializers import CPickleSerializer
+    from pyspark.util import _load_from_socket
+
+    from sparkbeam.engine.task_errors import stage_error
+
+    port = _refused_port()
+    # PySpark's own function, as a DataFrame's collect calls it. If a PySpark release stops
+    # raising UnboundLocalError here, this fails and the workaround can go.
+    with pytest.raises(UnboundLocalError, match="sockfile") as info:
+        with _load_from_socket((port, "secret"), CPickleSerializer()):
+            pass
+    stage = Stage(index=3, name="s", label="stage-003", description="Write/WriteImpl",
+                  transforms=("Write/WriteImpl",), descriptor=b"", inputs=(), outputs=())
+    message = str(stage_error(stage, info.value))
+    assert "reading the action's result from Spark's JVM" in message
+    assert f"'127.0.0.1', {port}" in message and "sockfile" not in message
+    assert message.count("CANNOT_OPEN_SOCKET") == 1  # a short text is not repeated
+    assert message.startswith(f"Spark failed while running {stage.display}: PySparkRuntimeError")
+    # An UnboundLocalError of anyone else's is reported as it is.
+    def unbound() -> int:
+        if port:
+            del port_again  # noqa: F821 - deliberately unbound
+        port_again = 1
+        return port_again
+
+    with pytest.raises(UnboundLocalError) as own:
+        unbound()
+    assert "UnboundLocalError: cannot access local variable 'port_again'" in str(
+        stage_error(stage, own.value))
