@@ -85,3 +85,24 @@ def shuffled_through(stages: Sequence[Stage], on_driver: Set[str],
                 and len(consumer.inputs) == 1):
             found.add(buffer)
     return found
+
+
+def gathered_once(stages: Sequence[Stage], on_driver: Set[str],
+                  exported: Set[bytes] = frozenset()) -> set[str]:
+    """The Spark stages whose output only the driver reads: no stage reads any of their
+    outputs as a main input (a shuffle included), none is a Spark write's, and each has the
+    stage as its only producer (no Flatten with another stage's). Their outputs are side
+    inputs or nothing (a write's file names, for its finalisation in the driver), so the
+    next action reads such a stage once, taking its metric rows and every side input among
+    its outputs together. It is not persisted: persisting plans the query an extra time when
+    it is declared, and keeps a copy of rows nothing reads again."""
+    read = {i.buffer_id for s in stages for i in s.inputs}
+    producers: dict[bytes, int] = {}
+    for s in stages:
+        for o in s.outputs:
+            producers[o.buffer_id] = producers.get(o.buffer_id, 0) + 1
+    return {s.label for s in stages
+            if s.label not in on_driver
+            and all(o.buffer_id not in read and o.buffer_id not in exported
+                    and producers[o.buffer_id] == 1
+                    for o in s.outputs)}

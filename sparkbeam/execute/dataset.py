@@ -8,7 +8,9 @@ Connect, where there are no RDDs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import operator
 import os
 import re
 import socket
@@ -277,28 +279,35 @@ class Datasets:
             return "127.0.0.1"
 
     def gather(
-        self, sides: list[DataFrame], stage_outs: list[DataFrame], tag: int
-    ) -> tuple[list[list[bytes]], list[tuple[bytes | None, bytes]]]:
-        """In one Spark action: the values of each side-input buffer, each in its own order,
-        and the rows tagged `tag` of the stage outputs (their metric rows). Spark runs every
-        stage these need, side by side where they are independent; nothing to gather is no
-        action at all."""
+        self, sides: list[DataFrame], stage_outs: list[tuple[DataFrame, tuple[int, ...]]],
+        tag: int,
+    ) -> tuple[list[list[bytes]], list[tuple[bytes | None, bytes]], list[dict[int, list[bytes]]]]:
+        """In one Spark action: the values of each side-input buffer, each in its own order;
+        the rows tagged `tag` of the stage outputs (their metric rows); and, per stage output,
+        the values of the other tags given with it, each tag's in its order (one pass over an
+        output that is not persisted). Spark runs every stage these need, side by side where
+        they are independent; nothing to gather is no action at all."""
         c = self._c
-        parts = [df.select(c.int_literal(n, "part"), c.null_key(), c.col("value"))
+        parts = [df.select(c.int_literal(n, "part"), c.int_literal(0, "tag"), c.null_key(),
+                           c.col("value"))
                  for n, df in enumerate(sides)]
-        parts += [out.where(c.tag_is(tag))
-                  .select(c.int_literal(-1, "part"), c.col("key"), c.col("value"))
-                  for out in stage_outs]
+        for n, (out, tags) in enumerate(stage_outs):
+            wanted = c.get(("tags", tag, tags), functools.partial(_any_tag, c, (tag, *tags)))
+            parts.append(out.where(wanted).select(
+                c.int_literal(-1 - n, "part"), c.col("tag"), c.col("key"), c.col("value")))
         values: list[list[bytes]] = [[] for _ in sides]
         tagged: list[tuple[bytes | None, bytes]] = []
+        outs: list[dict[int, list[bytes]]] = [{t: [] for t in tags} for _, tags in stage_outs]
         if not parts:
-            return values, tagged
+            return values, tagged, outs
         for row in _union(parts).collect():  # a union keeps each part's rows in order
-            if row.part < 0:
+            if row.part >= 0:
+                values[row.part].append(bytes(row.value))
+            elif row.tag == tag:
                 tagged.append((None if row.key is None else bytes(row.key), bytes(row.value)))
             else:
-                values[row.part].append(bytes(row.value))
-        return values, tagged
+                outs[-1 - row.part][row.tag].append(bytes(row.value))
+        return values, tagged, outs
 
     def release(self, df: DataFrame) -> None:
         with contextlib.suppress(Exception):
@@ -514,6 +523,10 @@ def _varint(length: Column) -> Column:
         parts.append(one if i == 0 else F.when(length >= F.lit(1 << 7 * i), one)
                      .otherwise(F.lit(bytearray())))
     return F.concat(*parts)
+
+
+def _any_tag(c: _Columns, tags: tuple[int, ...]) -> Column:
+    return functools.reduce(operator.or_, [c.tag_is(t) for t in tags])
 
 
 def _union(dfs: list[DataFrame]) -> DataFrame:

@@ -13,7 +13,7 @@ from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 
 from sparkbeam.engine.context import pipeline_context
-from sparkbeam.engine.placement import driver_stages, shuffled_through
+from sparkbeam.engine.placement import driver_stages, gathered_once, shuffled_through
 from sparkbeam.engine.side_inputs import side_input_state
 from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.engine.task_errors import stage_error
@@ -114,10 +114,11 @@ class Executor:
         # Over Connect this process is a client, not Spark's driver.
         on_driver = set() if self.ds.connect else driver_stages(
             plan.stages, exported=exported, kept=plan.kept_in_spark)
+        sides = {u.buffer_id for s in plan.stages for u in s.side_inputs}
         run = _Run(plan, job_id, progress, cancelled, pipeline_context(plan.components),
-                   on_driver=on_driver, plan_shuffled=shuffled_through(
-                       plan.stages, on_driver, exported,
-                       {u.buffer_id for s in plan.stages for u in s.side_inputs}))
+                   on_driver=on_driver,
+                   plan_shuffled=shuffled_through(plan.stages, on_driver, exported, sides),
+                   plan_once=gathered_once(plan.stages, on_driver, exported), sides=sides)
         try:
             with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"), \
                     self.ds.arrow_batch_bytes(self.settings.arrow_batch_bytes):
@@ -164,10 +165,14 @@ class Executor:
 
     def _gather(self, run: _Run, sides: list[Any], stage: Stage | None) -> list[list[bytes]]:
         """One action: the side-input buffers' values, and the metric rows of every stage
-        declared since the last action (recorded as committed)."""
-        values, metric_rows = self._act(
-            functools.partial(self.ds.gather, sides, list(run.pending), METRICS_TAG),
-            stage, run)
+        declared since the last action (recorded as committed), with the side inputs among
+        the outputs of those stages read only here (`gathered_once`; materialised)."""
+        outs = [(out, tuple(run.collect_with.get(id(out), {}))) for out in run.pending]
+        values, metric_rows, out_values = self._act(
+            functools.partial(self.ds.gather, sides, outs, METRICS_TAG), stage, run)
+        for (out, _), by_tag in zip(outs, out_values, strict=True):
+            for tag, buffer_id in run.collect_with.pop(id(out), {}).items():
+                run.materialised[buffer_id] = by_tag[tag]
         run.pending.clear()
         run.record(metric_rows)
         return values  # type: ignore[no-any-return]
@@ -181,9 +186,12 @@ class Executor:
             use.buffer_id for use in stage.side_inputs if use.buffer_id not in run.materialised))
         if missing:
             self.ds.describe(f"{run.job_id}: side inputs for {stage.display}")
-            sources = [self.ds.union(run.buffers.get(b, [])) for b in missing]
+            # Those of a stage read only by this action come with its metric rows.
+            coming = {b for out in run.pending for b in run.collect_with.get(id(out), {}).values()}
+            fetch = [b for b in missing if b not in coming]
+            sources = [self.ds.union(run.buffers.get(b, [])) for b in fetch]
             collected = self._gather(run, sources, stage)
-            run.materialised.update(zip(missing, collected, strict=True))
+            run.materialised.update(zip(fetch, collected, strict=True))
         return side_input_state(stage.side_inputs, run.materialised, run.ctx)
 
     def _run_on_driver(self, run: _Run, spec: TaskSpec, side: dict[Any, Any] | None) -> None:
@@ -274,11 +282,17 @@ class Executor:
         shipped = self.ds.ship(side) if side is not None else None
         spec = dataclasses.replace(spec, partitions=max(1, partitions))
         into_shuffle = [o.buffer_id for o in stage.outputs if o.buffer_id in run.plan_shuffled]
+        once = stage.label in run.plan_once
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display,
-                                prepare, persist=not into_shuffle)
+                                prepare, persist=not (into_shuffle or once))
         self.stage_partitions[stage.label] = max(1, partitions)
         if into_shuffle:  # read once, by its consumer's shuffle (`shuffled_through`)
             run.shuffled[into_shuffle[0]] = (out, max(1, partitions))
+            return
+        if once:  # read once, by the next action (`gathered_once`)
+            run.collect_with[id(out)] = {index: o.buffer_id for index, o in
+                                         enumerate(stage.outputs) if o.buffer_id in run.sides}
+            run.pending.append(out)
             return
         for index, output in enumerate(stage.outputs):
             selected = self.ds.select_tag(out, index)
@@ -310,6 +324,11 @@ class _Run:
     # their producer's unpersisted output with its partition count.
     plan_shuffled: set[bytes] = field(default_factory=set)
     shuffled: dict[bytes, tuple[Any, int]] = field(default_factory=dict)
+    # The labels of the stages only the next action reads (`gathered_once`), and, once such
+    # a stage is declared, the side inputs among its outputs by tag (keyed by its output's id).
+    plan_once: set[str] = field(default_factory=set)
+    collect_with: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    sides: set[bytes] = field(default_factory=set)  # every buffer read as a side input
 
     def record(self, metric_rows: list[tuple[bytes | None, bytes]]) -> None:
         infos = [metrics_pb2.MonitoringInfo.FromString(value) for _, value in metric_rows]

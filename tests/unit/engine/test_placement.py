@@ -6,7 +6,7 @@ import dataclasses
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from sparkbeam.engine.placement import driver_stages, shuffled_through
+from sparkbeam.engine.placement import driver_stages, gathered_once, shuffled_through
 from sparkbeam.plan.model import IMPULSE_BUFFER, Stage, StageInput, StageKind, StageOutput
 
 
@@ -117,3 +117,23 @@ def test_a_write_whose_names_skip_the_regroup_keeps_its_writing_stage_in_spark()
     assert driver_stages(stages) == {"stage-000", "stage-001", "stage-002", "stage-003"}
     assert driver_stages(stages, kept={"Out/WriteBundles"}) == {
         "stage-001", "stage-002", "stage-003"}
+
+
+def test_a_spark_stage_only_the_driver_reads_is_gathered_once() -> None:
+    stages = [
+        _stage("stage-000", [b"lines"], [b"pairs"]),  # read by a Spark stage: persisted
+        _stage("stage-001", [b"pairs"], [b"names", b"unread"], StageKind.GROUPED),
+        _stage("stage-002", [IMPULSE_BUFFER], [b"done"]),  # a finalisation, in the driver
+        _stage("stage-003", [b"lines"], []),  # a sink
+        _stage("stage-004", [b"lines"], [b"flat"]),
+        _stage("stage-005", [b"lines"], [b"flat"]),  # two producers of one buffer
+    ]
+    on_driver = {"stage-002"}
+    assert gathered_once(stages, on_driver) == {"stage-001", "stage-003"}
+    # A Spark write reads one of its outputs; a stage of the driver is not a Spark stage.
+    assert gathered_once(stages, on_driver, exported={b"unread"}) == {"stage-003"}
+    assert gathered_once(stages, {"stage-001", "stage-002"}) == {"stage-003"}
+    # Over Spark Connect nothing runs in the driver: the finalisation reads the names as its
+    # main input, so their stage is persisted.
+    finalise = [*stages, _stage("stage-006", [b"names"], [])]
+    assert gathered_once(finalise, set()) == {"stage-002", "stage-003", "stage-006"}
