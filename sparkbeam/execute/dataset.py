@@ -255,10 +255,6 @@ class Datasets:
         out = df.mapInArrow(arrow_task, OUT_SCHEMA)
         return out.persist(StorageLevel.MEMORY_AND_DISK) if persist else out
 
-    def collect_tag(self, df: DataFrame, tag: int) -> list[tuple[bytes | None, bytes]]:
-        rows = self.select_tag(df, tag).collect()
-        return [(None if r.key is None else bytes(r.key), bytes(r.value)) for r in rows]
-
     def master(self) -> str:
         """The session's master URL ('' when Spark Connect does not say)."""
         if self.connect:
@@ -300,13 +296,18 @@ class Datasets:
         outs: list[dict[int, list[bytes]]] = [{t: [] for t in tags} for _, tags in stage_outs]
         if not parts:
             return values, tagged, outs
-        for row in _union(parts).collect():  # a union keeps each part's rows in order
-            if row.part >= 0:
-                values[row.part].append(bytes(row.value))
-            elif row.tag == tag:
-                tagged.append((None if row.key is None else bytes(row.key), bytes(row.value)))
+        # As Arrow columns: a Row per element through Spark's pickler took ~10x as long
+        # (100k rows: 2.2-2.8 s against 0.19-0.35 s). A union keeps each part's rows in order,
+        # and Spark hands the Arrow batches over in partition order.
+        table = _union(parts).toArrow()
+        columns = [table.column(name).to_pylist() for name in ("part", "tag", "key", "value")]
+        for part, row_tag, key, value in zip(*columns, strict=True):
+            if part >= 0:
+                values[part].append(value)
+            elif row_tag == tag:
+                tagged.append((key, value))
             else:
-                outs[-1 - row.part][row.tag].append(bytes(row.value))
+                outs[-1 - part][row_tag].append(value)
         return values, tagged, outs
 
     def release(self, df: DataFrame) -> None:
