@@ -73,8 +73,14 @@ def stage_error(stage: Stage | None, exc: BaseException, writing: str = "") -> E
         )
     hidden = _masked_by_pyspark(exc)
     if hidden is not None:
-        # PySpark's finally hid why the driver could not read the result; say that instead.
-        exc, text = hidden, f"reading the action's result from Spark's JVM: {hidden}"
+        # PySpark's finally hid why the driver could not read the result; say that instead
+        # (and what the JVM said, when PySpark raised its error over the hidden one).
+        masked, outer = hidden
+        text = f"reading the action's result from Spark's JVM: {masked}"
+        if outer is not None:
+            first = next((ln for ln in str(outer).splitlines() if ln.strip()), "")
+            text += f" (then {type(outer).__name__}: {first})"
+        exc = masked
     lines = [ln for ln in text.splitlines() if ln.strip()]
     kept = lines if len(lines) <= 6 else lines[:3] + ["..."] + lines[-3:]
     summary = "\n".join(kept)
@@ -83,16 +89,25 @@ def stage_error(stage: Stage | None, exc: BaseException, writing: str = "") -> E
     return ExecutionError(f"Spark failed while running {where}: {type(exc).__name__}: {summary}")
 
 
-def _masked_by_pyspark(exc: BaseException) -> BaseException | None:
+def _masked_by_pyspark(exc: BaseException) -> tuple[Exception, BaseException | None] | None:
     """The real error under PySpark's `_load_from_socket` (pyspark/util.py, 4.x): when the
     driver cannot connect to the socket a collect serves its result on (e.g. the JVM stopped
     waiting for it), that function's `finally` closes a file it never opened and raises
-    UnboundLocalError ('sockfile'), whose context is the connect error. None otherwise."""
-    if not isinstance(exc, UnboundLocalError) or exc.__context__ is None:
-        return None
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None or tb.tb_frame.f_code.co_name != "_load_from_socket":
-        return None
-    return exc.__context__
+    UnboundLocalError ('sockfile'), whose context is the connect error. `toArrow` then asks
+    the JVM's serving thread for its result in a `finally` of its own, whose error hides the
+    UnboundLocalError in turn. So: the connect error, and the error raised over the
+    UnboundLocalError (None when it is `exc` itself); None when there is no such error."""
+    outer: BaseException | None = None
+    seen = exc
+    for _ in range(4):  # exc, or a few errors raised while handling it
+        if isinstance(seen, UnboundLocalError) and isinstance(seen.__context__, Exception):
+            tb = seen.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None and tb.tb_frame.f_code.co_name == "_load_from_socket":
+                return seen.__context__, outer
+        if seen.__context__ is None:
+            return None
+        outer = exc
+        seen = seen.__context__
+    return None

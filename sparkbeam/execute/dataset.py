@@ -235,7 +235,8 @@ class Datasets:
         """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,
         partition id, attempt number). The output is persisted once, so every consumer reads
         it without recomputing (which would repeat side effects and metrics); not with
-        `persist=False`, for an output only one shuffle reads once. `prepare`, if
+        `persist=False`, for an output read once (by one shuffle, or by the next action
+        alone). `prepare`, if
         given, first turns each partition's batches of `df` into (input, key, value) batches,
         in the same task (a query's rows encoded where they are consumed: no second trip
         between the JVM and Python)."""
@@ -254,6 +255,12 @@ class Datasets:
             arrow_task.__name__ = arrow_task.__qualname__ = _ui_name(name)
         out = df.mapInArrow(arrow_task, OUT_SCHEMA)
         return out.persist(StorageLevel.MEMORY_AND_DISK) if persist else out
+
+    def collect_tag(self, df: DataFrame, tag: int) -> list[tuple[bytes | None, bytes]]:
+        """The (key, value) rows tagged `tag` of a stage output, as Arrow columns."""
+        table = self.select_tag(df, tag).toArrow()
+        return list(zip(table.column("key").to_pylist(), table.column("value").to_pylist(),
+                        strict=True))
 
     def master(self) -> str:
         """The session's master URL ('' when Spark Connect does not say)."""

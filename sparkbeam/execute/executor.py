@@ -82,8 +82,10 @@ def _task(
 class Executor:
     """Executes plans on one Datasets (SparkSession).
 
-    Stages are declared in topological order as persisted DataFrames; Spark computes each one
-    when something first needs it. Spark actions happen only where the driver must see data:
+    Stages are declared in topological order as DataFrames; Spark computes each one when
+    something first needs it. A stage's output is persisted unless it has one reader: the
+    shuffle of one keyed stage (`shuffled_through`), or the next action alone, when only the
+    driver reads it (`gathered_once`). Spark actions happen only where the driver must see data:
     once for the side inputs a stage reads that no earlier action brought back, and once at
     the end; each action also brings back the metric rows of every stage declared so far
     (and so runs them, side by side where independent), so the end needs an action only for
@@ -138,7 +140,7 @@ class Executor:
                     log(f"running {len(run.pending)} stage(s)")
                     self.ds.describe(f"{job_id}: run stages, gather metrics")
                     self._gather(run, [], None)
-                # Spark writes last: every stage has succeeded (their outputs persisted) before
+                # Spark writes last: every stage has succeeded (what they read is persisted) before
                 # any write commits, so a failing stage leaves no target half-written.
                 for op in plan.spark_writes:
                     if cancelled.is_set():
@@ -317,7 +319,7 @@ class _Run:
     ctx: Any
     buffers: dict[bytes, list[Any]] = field(default_factory=dict)  # buffer -> DataFrames
     materialised: dict[bytes, list[bytes]] = field(default_factory=dict)  # in the driver
-    outputs: list[Any] = field(default_factory=list)  # every stage output, released at end
+    outputs: list[Any] = field(default_factory=list)  # persisted outputs, released at end
     pending: list[Any] = field(default_factory=list)  # outputs whose metrics are not in
     on_driver: set[str] = field(default_factory=set)  # labels of the stages run here
     # Buffers only one keyed stage's shuffle reads (`shuffled_through`), and, once declared,

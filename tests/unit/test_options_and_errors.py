@@ -80,6 +80,18 @@ def test_a_collect_that_cannot_reach_its_result_says_why_not_sockfile() -> None:
     assert f"'127.0.0.1', {port}" in message and "sockfile" not in message
     assert message.count("CANNOT_OPEN_SOCKET") == 1  # a short text is not repeated
     assert message.startswith(f"Spark failed while running {stage.display}: PySparkRuntimeError")
+    # DataFrame.toArrow asks the JVM's serving thread for its result in a finally of its own
+    # (pyspark/sql/pandas/conversion.py `_collect_as_arrow`), whose error hides ours in turn.
+    with pytest.raises(RuntimeError) as wrapped:
+        try:
+            with _load_from_socket((port, "secret"), CPickleSerializer()):
+                pass
+        finally:
+            raise RuntimeError("java.net.SocketTimeoutException: Accept timed out\n\tat ...")
+    message = str(stage_error(stage, wrapped.value))
+    assert "reading the action's result from Spark's JVM" in message
+    assert f"'127.0.0.1', {port}" in message and "sockfile" not in message
+    assert "(then RuntimeError: java.net.SocketTimeoutException: Accept timed out)" in message
     # An UnboundLocalError of anyone else's is reported as it is.
     def unbound() -> int:
         if port:
