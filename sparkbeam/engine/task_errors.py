@@ -97,17 +97,13 @@ def _masked_by_pyspark(exc: BaseException) -> tuple[Exception, BaseException | N
     the JVM's serving thread for its result in a `finally` of its own, whose error hides the
     UnboundLocalError in turn. So: the connect error, and the error raised over the
     UnboundLocalError (None when it is `exc` itself); None when there is no such error."""
-    outer: BaseException | None = None
-    seen = exc
-    for _ in range(4):  # exc, or a few errors raised while handling it
-        if isinstance(seen, UnboundLocalError) and isinstance(seen.__context__, Exception):
-            tb = seen.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            if tb is not None and tb.tb_frame.f_code.co_name == "_load_from_socket":
-                return seen.__context__, outer
-        if seen.__context__ is None:
+    seen: BaseException | None = exc
+    for depth in range(4):  # exc, or a few errors raised while handling it
+        if seen is None:
             return None
-        outer = exc
+        if isinstance(seen, UnboundLocalError) and isinstance(seen.__context__, Exception):
+            frames = list(traceback.walk_tb(seen.__traceback__))
+            if frames and frames[-1][0].f_code.co_name == "_load_from_socket":
+                return seen.__context__, (exc if depth else None)
         seen = seen.__context__
     return None

@@ -169,11 +169,11 @@ class Executor:
         """One action: the side-input buffers' values, and the metric rows of every stage
         declared since the last action (recorded as committed), with the side inputs among
         the outputs of those stages read only here (`gathered_once`; materialised)."""
-        outs = [(out, tuple(run.collect_with.get(id(out), {}))) for out in run.pending]
+        outs = [(out, tuple(read_here)) for out, read_here in run.pending]
         values, metric_rows, out_values = self._act(
             functools.partial(self.ds.gather, sides, outs, METRICS_TAG), stage, run)
-        for (out, _), by_tag in zip(outs, out_values, strict=True):
-            for tag, buffer_id in run.collect_with.pop(id(out), {}).items():
+        for (_, read_here), by_tag in zip(run.pending, out_values, strict=True):
+            for tag, buffer_id in read_here.items():
                 run.materialised[buffer_id] = by_tag[tag]
         run.pending.clear()
         run.record(metric_rows)
@@ -189,7 +189,7 @@ class Executor:
         if missing:
             self.ds.describe(f"{run.job_id}: side inputs for {stage.display}")
             # Those of a stage read only by this action come with its metric rows.
-            coming = {b for out in run.pending for b in run.collect_with.get(id(out), {}).values()}
+            coming = {b for _, read_here in run.pending for b in read_here.values()}
             fetch = [b for b in missing if b not in coming]
             sources = [self.ds.union(run.buffers.get(b, [])) for b in fetch]
             collected = self._gather(run, sources, stage)
@@ -292,16 +292,15 @@ class Executor:
             run.shuffled[into_shuffle[0]] = (out, max(1, partitions))
             return
         if once:  # read once, by the next action (`gathered_once`)
-            run.collect_with[id(out)] = {index: o.buffer_id for index, o in
-                                         enumerate(stage.outputs) if o.buffer_id in run.sides}
-            run.pending.append(out)
+            run.pending.append((out, {index: o.buffer_id for index, o in enumerate(stage.outputs)
+                                      if o.buffer_id in run.sides}))
             return
         for index, output in enumerate(stage.outputs):
             selected = self.ds.select_tag(out, index)
             self._partitions[id(selected)] = max(1, partitions)
             run.buffers.setdefault(output.buffer_id, []).append(selected)
         run.outputs.append(out)
-        run.pending.append(out)
+        run.pending.append((out, {}))
 
 
 # The attempt key of a stage run in the driver: no Spark stage, one partition, first attempt.
@@ -320,16 +319,15 @@ class _Run:
     buffers: dict[bytes, list[Any]] = field(default_factory=dict)  # buffer -> DataFrames
     materialised: dict[bytes, list[bytes]] = field(default_factory=dict)  # in the driver
     outputs: list[Any] = field(default_factory=list)  # persisted outputs, released at end
-    pending: list[Any] = field(default_factory=list)  # outputs whose metrics are not in
+    # Outputs whose metric rows are not in yet, each with the side inputs among its outputs
+    # that only the next action reads (by tag; a `gathered_once` stage's, else none).
+    pending: list[tuple[Any, dict[int, bytes]]] = field(default_factory=list)
     on_driver: set[str] = field(default_factory=set)  # labels of the stages run here
     # Buffers only one keyed stage's shuffle reads (`shuffled_through`), and, once declared,
     # their producer's unpersisted output with its partition count.
     plan_shuffled: set[bytes] = field(default_factory=set)
     shuffled: dict[bytes, tuple[Any, int]] = field(default_factory=dict)
-    # The labels of the stages only the next action reads (`gathered_once`), and, once such
-    # a stage is declared, the side inputs among its outputs by tag (keyed by its output's id).
-    plan_once: set[str] = field(default_factory=set)
-    collect_with: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    plan_once: set[str] = field(default_factory=set)  # stages only the next action reads
     sides: set[bytes] = field(default_factory=set)  # every buffer read as a side input
 
     def record(self, metric_rows: list[tuple[bytes | None, bytes]]) -> None:
