@@ -133,13 +133,24 @@ def cluster_tmp() -> Iterator[str]:
 
 @contextlib.contextmanager
 def connect_cluster(workdir: str) -> Iterator[str]:
-    """A Spark Connect server (local[2]) in a child process; yields its sc:// URL."""
-    port = free_port()
-    log = os.path.join(workdir, f"connect-server-{port}.log")
-    proc = start([sys.executable, "-m", "tests.cluster.connect_server", str(port)], log,
-                 child_env())
+    """A Spark Connect server (local[2]) in a child process; yields its sc:// URL.
+
+    A free port can be taken by another process in the seconds before the server's JVM binds
+    it (a fresh-clone run of 6dd6365 lost every Connect test so); the server then exits
+    saying so, and it starts again on another port, three tries at most."""
+    for attempt in range(3):
+        port = free_port()
+        log = os.path.join(workdir, f"connect-server-{port}.log")
+        proc = start([sys.executable, "-m", "tests.cluster.connect_server", str(port)], log,
+                     child_env())
+        try:
+            wait_for(proc, log, "READY")
+            break
+        except RuntimeError as exc:
+            stop(proc)
+            if attempt == 2 or "to an available port" not in str(exc):
+                raise
     try:
-        wait_for(proc, log, "READY")
         yield f"sc://127.0.0.1:{port}"
     finally:
         stop(proc)
