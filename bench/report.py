@@ -21,6 +21,11 @@ RUNNER_NOTES = {
         "the computation hand-written as PySpark RDD code "
         "(textFile -> ... -> saveAsTextFile) on a `local[2]` session: the limit."
     ),
+    "pyspark-dataframe": (
+        "word count and combine only, as PySpark DataFrame code (`spark.read.text` -> `split` "
+        "-> `groupBy().agg()` -> `write.text`) on a `local[2]` session: Spark's own operators "
+        "with no Python per record, the engine's own limit."
+    ),
     "sparkbeam": (
         "`--runner=sparkbeam.SparkRunner --spark_master=local[2]`; the harness creates the "
         "`local[2]` session first (timed as start-up) and the runner picks it up via "
@@ -98,6 +103,7 @@ HEADER = [
 ]
 COLORS = {
     "pyspark-handwritten": "#444444",
+    "pyspark-dataframe": "#9467bd",
     "sparkbeam": "#d62728",
     "sparkbeam-beam-only": "#ff9896",
     "sparkbeam-rows": "#8c564b",

@@ -34,6 +34,7 @@ ROOT = os.path.dirname(HERE)
 #: Runners in the order they run; the first is the hand-written limit.
 DEFAULT_RUNNERS = [
     "pyspark-handwritten",
+    "pyspark-dataframe",  # word count and combine only (runners.ONLY)
     "sparkbeam",
     "fnapi",
     "fnapi-mp",
@@ -342,6 +343,13 @@ def run_pair(
     return out
 
 
+def _runs(runner: str, workload: str) -> bool:
+    """Whether `runner` runs `workload` at all (`runners.ONLY`)."""
+    from bench.runners import ONLY
+
+    return workload in ONLY.get(runner, frozenset([workload]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from bench import report
@@ -365,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     picked = (slice(None, args.sizes) if args.size_index is None
               else slice(args.size_index, args.size_index + 1))
     plan = [(wl, list(wl.sizes[args.scale])[picked]) for wl in chosen]
-    total = sum(len(sizes) for _, sizes in plan) * len(args.runners)
+    total = sum(len(sizes) for wl, sizes in plan for r in args.runners if _runs(r, wl.name))
     print(
         f"sparkbeam bench: scale={args.scale}, {len(plan)} workloads x {len(args.runners)} "
         f"runners, {total} timed runs; timeout {args.timeout:g} s per size; "
@@ -385,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     counter = [0]
     for wl, sizes in plan:
         for runner in args.runners:
-            runs.extend(run_pair(args, runner, wl, sizes, counter, total))
+            if _runs(runner, wl.name):
+                runs.extend(run_pair(args, runner, wl, sizes, counter, total))
 
     invocation = {
         "argv": sys.argv[1:],

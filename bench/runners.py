@@ -186,9 +186,26 @@ class Handwritten(Runner):
         self._spark.stop()
 
 
+class DataFrames(Runner):
+    """Word count and combine as PySpark DataFrame code (`dataframes.py`): Spark alone."""
+
+    def __init__(self) -> None:
+        self._spark = spark_session("bench-dataframe")
+
+    def run(self, ds: Dataset, out_prefix: str) -> str:
+        from bench import dataframes
+
+        dataframes.run(self._spark, ds, out_prefix)
+        return os.path.join(out_prefix, "part-*")
+
+    def stop(self) -> None:
+        self._spark.stop()
+
+
 #: Runner name -> constructor; constructing a runner is its (timed) start-up.
 RUNNERS: dict[str, Callable[[], Runner]] = {
     "pyspark-handwritten": Handwritten,
+    "pyspark-dataframe": DataFrames,
     "sparkbeam": SparkBeamRunner,
     # Beam's transforms everywhere (no Spark-native translations): what they are worth.
     "sparkbeam-beam-only": lambda: SparkBeamRunner(("--spark_native=off",)),
@@ -200,6 +217,9 @@ RUNNERS: dict[str, Callable[[], Runner]] = {
     "dask-beamio": lambda: Dask("beam"),
     "beam-pyspark-runner": BeamPySparkRunner,
 }
+
+#: Runners that run only some workloads (the others are not run, and have no row).
+ONLY: dict[str, frozenset[str]] = {"pyspark-dataframe": frozenset(["wordcount", "combine"])}
 
 #: Reference runners that ratios are computed against.
 LIMIT = "pyspark-handwritten"
