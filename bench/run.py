@@ -34,7 +34,7 @@ ROOT = os.path.dirname(HERE)
 #: Runners in the order they run; the first is the hand-written limit.
 DEFAULT_RUNNERS = [
     "pyspark-handwritten",
-    "pyspark-dataframe",  # word count and combine only (runners.ONLY)
+    "pyspark-dataframe",  # word count and combine only (ONLY)
     "sparkbeam",
     "fnapi",
     "fnapi-mp",
@@ -42,6 +42,8 @@ DEFAULT_RUNNERS = [
     "beam-pyspark-runner",
 ]
 EXTRA_RUNNERS = ["dask-beamio", "sparkbeam-beam-only", "sparkbeam-rows"]
+#: Runners that run only some workloads (the others are not run, and have no row).
+ONLY: dict[str, frozenset[str]] = {"pyspark-dataframe": frozenset(["wordcount", "combine"])}
 DEFAULT_TIMEOUT = {"quick": 180, "full": 1800}
 POLL_S = 0.5
 
@@ -344,9 +346,7 @@ def run_pair(
 
 
 def _runs(runner: str, workload: str) -> bool:
-    """Whether `runner` runs `workload` at all (`runners.ONLY`)."""
-    from bench.runners import ONLY
-
+    """Whether `runner` runs `workload` at all (`ONLY`)."""
     return workload in ONLY.get(runner, frozenset([workload]))
 
 
@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     picked = (slice(None, args.sizes) if args.size_index is None
               else slice(args.size_index, args.size_index + 1))
     plan = [(wl, list(wl.sizes[args.scale])[picked]) for wl in chosen]
-    total = sum(len(sizes) for wl, sizes in plan for r in args.runners if _runs(r, wl.name))
+    total = sum(len(sizes) for wl, sizes in plan for runner in args.runners
+                if _runs(runner, wl.name))
     print(
         f"sparkbeam bench: scale={args.scale}, {len(plan)} workloads x {len(args.runners)} "
         f"runners, {total} timed runs; timeout {args.timeout:g} s per size; "

@@ -4,6 +4,7 @@ cluster creation), runs any number of workloads, and is stopped.
 Runners:
 
 * ``pyspark-handwritten`` -- the computation written as PySpark RDD code.
+* ``pyspark-dataframe`` -- word count and combine written as PySpark DataFrame code.
 * ``sparkbeam`` -- this project's ``sparkbeam.SparkRunner`` on ``local[2]``.
 * ``fnapi`` -- Beam's FnApiRunner, in process, one worker.
 * ``fnapi-mp`` -- FnApiRunner with two SDK worker subprocesses.
@@ -173,8 +174,8 @@ class BeamPySparkRunner(BeamRunner):
 class Handwritten(Runner):
     """The workload as hand-written PySpark RDD code."""
 
-    def __init__(self) -> None:
-        self._spark = spark_session("bench-handwritten")
+    def __init__(self, app: str = "bench-handwritten") -> None:
+        self._spark = spark_session(app)
 
     def run(self, ds: Dataset, out_prefix: str) -> str:
         from bench import handwritten
@@ -186,20 +187,17 @@ class Handwritten(Runner):
         self._spark.stop()
 
 
-class DataFrames(Runner):
+class DataFrames(Handwritten):
     """Word count and combine as PySpark DataFrame code (`dataframes.py`): Spark alone."""
 
     def __init__(self) -> None:
-        self._spark = spark_session("bench-dataframe")
+        super().__init__("bench-dataframe")
 
     def run(self, ds: Dataset, out_prefix: str) -> str:
         from bench import dataframes
 
         dataframes.run(self._spark, ds, out_prefix)
         return os.path.join(out_prefix, "part-*")
-
-    def stop(self) -> None:
-        self._spark.stop()
 
 
 #: Runner name -> constructor; constructing a runner is its (timed) start-up.
@@ -217,9 +215,6 @@ RUNNERS: dict[str, Callable[[], Runner]] = {
     "dask-beamio": lambda: Dask("beam"),
     "beam-pyspark-runner": BeamPySparkRunner,
 }
-
-#: Runners that run only some workloads (the others are not run, and have no row).
-ONLY: dict[str, frozenset[str]] = {"pyspark-dataframe": frozenset(["wordcount", "combine"])}
 
 #: Reference runners that ratios are computed against.
 LIMIT = "pyspark-handwritten"
