@@ -25,7 +25,11 @@ def run_and_collect(build: Callable, runner, args: list[str] | None = None) -> l
 
 def run_and_collect_with_result(build: Callable, runner, args: list[str] | None = None):
     """run_and_collect, and the finished run's PipelineResult."""
-    out = _tmp("out")
+    # A directory of its own: Beam's WriteToText finds its files at finalisation by walking
+    # the output's directory (recursively, each file's size and time), so in a directory
+    # shared by every run each write cost as much as all the files written before it.
+    out = os.path.join(_tmp("out"), "out")
+    os.makedirs(os.path.dirname(out))
     p = beam.Pipeline(runner=runner, options=PipelineOptions(args or []))
     (build(p) | "ToText" >> beam.Map(repr)
      | "WriteOut" >> beam.io.WriteToText(out, shard_name_template="-SS-of-NN"))

@@ -6,6 +6,7 @@ compared across runners (formatted with repr, sorted).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -337,7 +338,10 @@ def bundle_finalization(p):  # type: ignore[no-untyped-def]
 
 
 def _tmp(name: str) -> str:
-    base = os.environ.get("SPARKBEAM_TEST_TMP", "/tmp/sparkbeam-tests")
+    """A new path under the test run's temporary directory (tests/conftest.py removes it when
+    the run ends; a child driver's is $SPARKBEAM_TEST_TMP)."""
+    base = (os.environ.get("SPARKBEAM_TEST_TMP")
+            or os.path.join(tempfile.gettempdir(), "sparkbeam-tests"))
     os.makedirs(base, exist_ok=True)
     return os.path.join(base, f"{name}-{os.getpid()}-{time.monotonic_ns()}")
 
