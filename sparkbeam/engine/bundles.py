@@ -4,12 +4,12 @@ Rows are (stage input index, encoded key or None, encoded element). A bundle hol
 `size` elements or `max_bytes` bytes of them (the first element of a bundle is always taken, so
 one element larger than `max_bytes` is a bundle of its own).
 
-Keyed rows arrive sorted by (key, input). A bundle then ends at a key boundary once full, and
-says so (`Bundle.closes_keys`): the keys it ends with are complete, so batch fires their timers
-and drops their state before the next bundle. A GroupByKey input's values are gathered key by
-key and grouped (`Grouper`) into one element per window and pane before they join a bundle; a
-key with more ungrouped values than a bundle holds is cut inside the key, and that bundle does
-not close it.
+Keyed rows arrive with each key's rows together, ordered by input (`key_runs.py`). A bundle
+then ends at a key boundary once full, and says so (`Bundle.closes_keys`): the keys it ends
+with are complete, so batch fires their timers and drops their state before the next bundle.
+A GroupByKey input's values are gathered key by key and grouped (`Grouper`) into one element
+per window and pane before they join a bundle; a key with more ungrouped values than a bundle
+holds is cut inside the key, and that bundle does not close it.
 """
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ def column_bundles(columns: Iterable[Columns], size: int, max_bytes: int, *,
 
 def keyed_bundles(rows: Iterable[Row], size: int, max_bytes: int,
                   groupers: Mapping[int, Grouper]) -> Iterator[Bundle]:
-    """Rows sorted by (key, input) as bundles that end at key boundaries once full; the last
-    one closes every key seen."""
+    """Rows with each key's together, ordered by input, as bundles that end at key boundaries
+    once full; the last one closes every key seen."""
     bundle = Bundle()
     current: tuple[bytes | None, int] | None = None
     run: list[bytes] = []  # the current key's values of a grouped input, not yet grouped

@@ -1,11 +1,11 @@
 """A batch stateful DoFn called without Beam's bundle processor (no pyspark).
 
-`plan/direct_stateful.py` chooses the stages and says why. A task's rows arrive sorted by key;
-key after key, each element is decoded and handed to Beam's own `DoFnRunner` (so Beam's
-invoker places the element, key, timestamp, window, state and timer arguments and its output
-handler wraps the results, as in the bundle processor), with a `UserStateContext` that keeps
-the key's state and timers in memory. Then the key's timers fire at the end of time, round by
-round, the earliest per key first and event time before processing time (`TimerBook`, as the
+`plan/direct_stateful.py` chooses the stages and says why. A task's rows arrive with each key's
+together; key after key, each element is decoded and handed to Beam's own `DoFnRunner` (so
+Beam's invoker places the element, key, timestamp, window, state and timer arguments and its
+output handler wraps the results, as in the bundle processor), with a `UserStateContext` that
+keeps the key's state and timers in memory. Then the key's timers fire at the end of time, round
+by round, the earliest per key first and event time before processing time (`TimerBook`, as the
 general path fires them), and the key's state is dropped.
 
 What the bundle processor would do to state and timers is done here too:
@@ -439,8 +439,8 @@ class StatefulRun:
 
 
 def _by_key(source: Iterator[Row], ahead: list[Row]) -> Iterator[list[Row]]:
-    """Rows sorted by key as one list per key. While a key is out, the first row of the next
-    one (read to see that the key ended) waits in `ahead`."""
+    """Rows with each key's together, as one list per key. While a key is out, the first row
+    of the next one (read to see that the key ended) waits in `ahead`."""
     group: list[Row] = []
     for row in source:
         if group and row[1] != group[0][1]:

@@ -2,7 +2,7 @@
 
 A function of (stage, input rows, shipped side inputs) -> output rows, used by the batch
 executor for every stage and by the streaming engine for stateless stages. A keyed stage
-receives its rows sorted by key: GroupByKey inputs are grouped key by key and, for stateful
+receives each key's rows together: GroupByKey inputs are grouped key by key and, for stateful
 stages, a key's timers fire and its state is dropped as soon as its input is done (batch: the
 watermark is the end of time for a key once all its input has been seen), so memory holds the
 state of the keys of one bundle, never a partition's. Residual roots are run again, after the

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkbeam.engine.arrow import ArrowRows, to_arrow_batches
+from sparkbeam.engine.key_runs import MAX_ORDERED_INPUTS, ORDER_INPUT_BITS
 from sparkbeam.execute.session import is_connect
 
 _LOG = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ _KEY_VALUE = T.StructType([T.StructField("key", _BINARY, True),
                            T.StructField("value", _BINARY, True)])
 
 ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+#: The bits of the key's hash a keyed shuffle sorts by (`by_key`): all above the input
+#: number's. Tests narrow it to make keys collide.
+ORDER_HASH_MASK = -(1 << ORDER_INPUT_BITS)
 
 
 class _Columns:
@@ -208,11 +212,30 @@ class Datasets:
         """Buffers (key, value) or stage inputs unioned; no parts is an empty input."""
         return _union(dfs) if dfs else self.empty()
 
-    def by_key(self, df: DataFrame) -> DataFrame:
-        """Each key in exactly one partition, rows sorted by (key, input): the shuffle."""
-        key = self._c.col("key")
-        return df.repartition(self.parallelism, key).sortWithinPartitions(
-            key, self._c.col("input"))
+    def by_key(self, df: DataFrame, inputs: int = 1) -> DataFrame:
+        """Each key in exactly one partition, its rows together and ordered by input: the
+        shuffle. Rows are sorted by one long, `order`: the key's hash in the high 48 bits over
+        the input number, which Spark sorts by radix (`engine/key_runs.py`). The stage's
+        tasks read them through `contiguous_keys`, which keeps two keys with the same hash
+        apart (`ordered`). A stage with more `inputs` than the low bits hold is sorted by
+        (key, input) instead, with no `order` column."""
+        c = self._c
+        key = c.col("key")
+        parted = df.repartition(self.parallelism, key)
+        if not self.ordered(inputs):
+            return parted.sortWithinPartitions(key, c.col("input"))
+        mask = ORDER_HASH_MASK
+        order = c.get(("order", mask), lambda: F.xxhash64(key).bitwiseAND(F.lit(mask))
+                      .bitwiseOR(c.col("input").cast(T.LongType())
+                                 .bitwiseAND(F.lit(MAX_ORDERED_INPUTS))).alias("order"))
+        return parted.select(c.col("input"), key, c.col("value"), order).sortWithinPartitions(
+            c.col("order"))
+
+    @staticmethod
+    def ordered(inputs: int) -> bool:
+        """Whether `by_key` sorts a stage of `inputs` inputs by `order` (its tasks must then
+        read their rows through `contiguous_keys`)."""
+        return inputs < MAX_ORDERED_INPUTS
 
     def spread(self, df: DataFrame) -> DataFrame:
         """Rows dealt round-robin over the partitions (initial splits of splittable DoFns)."""

@@ -13,6 +13,7 @@ from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 
 from sparkbeam.engine.context import pipeline_context
+from sparkbeam.engine.key_runs import contiguous_keys
 from sparkbeam.engine.placement import driver_stages, gathered_once, shuffled_through
 from sparkbeam.engine.side_inputs import side_input_state
 from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
@@ -278,7 +279,12 @@ class Executor:
             raise ExecutionError(f"{stage.display}: the batch executor has no rule for a "
                                  f"{stage.kind.value} stage")
         arrange = _ARRANGE[stage.kind]
-        if arrange is not None:
+        if arrange is Datasets.by_key:
+            stage_in = self.ds.by_key(stage_in, len(stage.inputs))
+            partitions = self.ds.parallelism
+            if self.ds.ordered(len(stage.inputs)):
+                prepare = contiguous_keys  # keyed stages read no query (`prepare` is None)
+        elif arrange is not None:
             stage_in = arrange(self.ds, stage_in)
             partitions = self.ds.parallelism
         shipped = self.ds.ship(side) if side is not None else None

@@ -38,14 +38,14 @@ class StageKind(enum.Enum):
     closed (a kind without a row is an error, never a default)."""
 
     PLAIN = "plain"  # any partitioning; nothing kept across elements
-    GROUPED = "grouped"  # reads GroupByKey output: input partitioned and sorted by key
+    GROUPED = "grouped"  # reads GroupByKey output: partitioned by key, each key's rows together
     STATEFUL = "stateful"  # user state or timers: partitioned by key, keys finished in turn
     SPLITTABLE = "splittable"  # processes restrictions of a splittable DoFn: input spread
     STATEFUL_SPLITTABLE = "stateful splittable"  # both: refused at Prepare (`plan.check`)
 
     @property
     def keyed(self) -> bool:
-        """Its input is partitioned and sorted by the encoded key."""
+        """Its input is partitioned by the encoded key, each key's rows together."""
         return self in (StageKind.GROUPED, StageKind.STATEFUL, StageKind.STATEFUL_SPLITTABLE)
 
     @property

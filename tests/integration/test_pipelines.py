@@ -40,3 +40,23 @@ SPARK_JOBS = {
     "side_inputs_all_kinds": 2,
     "windowed_side_inputs": 2,
 }
+
+
+# Pipelines with keyed stages (GroupByKey, CoGroupByKey, combining, windows merged per key,
+# state and timers): run with the shuffle's sort hash cut to 2 bits, so nearly every key of a
+# partition shares its hash with others and `engine/key_runs.py` must keep them apart.
+KEYED = ["group_by_key", "co_group_by_key", "combine_per_key", "session_windows",
+         "sliding_windows", "triggered_windows", "stateful_bag_combining_timers",
+         "stateful_ordered_list_state"]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("name", KEYED)
+def test_keys_that_share_a_sort_hash_give_fnapi_runners_output(
+        name: str, shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkbeam.execute import dataset
+
+    monkeypatch.setattr(dataset, "ORDER_HASH_MASK", 0x30000)
+    build = PIPELINES[name]
+    actual, _ = run_and_collect_with_result(build, spark_runner(), SHAPES[shape])
+    assert actual == expected_from_fnapi(name, build)
