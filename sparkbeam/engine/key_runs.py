@@ -1,19 +1,21 @@
 """A keyed stage's input sorted by a hash of its key, made exact (pure: Arrow batches in and out).
 
-The shuffle into a keyed stage used to sort each partition by (key, input). Spark compares
-such rows one pair at a time; a single long column whose value decides the order is sorted by
-radix instead: on 10 M skewed rows in Spark alone, ~4 s of the sort's ~6 s less, and the
-bench's skewed GroupByKey at 10 M ~10 % faster (bench/ANALYSIS.md). So the shuffle sorts by one long, `order`: a hash of the key in the high
-48 bits and the stage input number in the low 16 (`ORDER_INPUT_BITS`). Rows of one key then
-lie together, in input order, unless another key of the same partition has the same 48-bit
-hash: then the two keys' rows can interleave.
+The shuffle into a keyed stage used to sort each partition by (key, input). Spark compares such
+rows one pair at a time; a single long column whose value decides the order is sorted by radix
+instead: on 10 M skewed rows in Spark alone, ~4 s of the sort's ~6 s less, and the bench's
+skewed GroupByKey at 10 M ~10 % faster (bench/ANALYSIS.md). So the shuffle sorts by one long,
+`order`: a hash of the key in the high 48 bits and the stage input number in the low 16
+(`ORDER_INPUT_BITS`). Rows of one key then lie together, in input order, unless another key of
+the same partition has the same 48-bit hash: then the two keys' rows can interleave.
 
 `contiguous_keys` repairs that. Within each run of rows with equal hash, the rows of the run's
 first key pass on as they come; the rows of any other key are held back and follow the run,
-sorted by (key, input). Every consumer downstream (grouping from columns, bundles, stateful
-DoFns) sees what it always saw: each key's rows together, ordered by input. A batch without
-such a collision (all but a vanishing few) is checked with vectorised comparisons of
-neighbouring rows and passed on with its `order` column dropped, without a Python step per row.
+sorted by (key, input). (Those rows wait in the task's memory, where Spark's sort could have
+spilled them to disk; with a 48-bit hash, a few keys' at most, in very large partitions.) Every
+consumer downstream (grouping from columns, bundles, stateful DoFns) sees what it always saw:
+each key's rows together, ordered by input. A batch without such a collision (all but a
+vanishing few) is checked with vectorised comparisons of neighbouring rows and passed on with
+its `order` column dropped, without a Python step per row.
 """
 from __future__ import annotations
 
@@ -57,19 +59,21 @@ def contiguous_keys(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
             runs.first = runs.last  # no collision: the run's rows all have this key
             yield batch.select([0, 1, 2])
             continue
-        out = _repair(runs, batch, hashes)
-        if out:
-            yield _batch(out, schema)
+        yield from _batches(_repair(runs, batch, hashes), schema)
     if runs.held and schema is not None:
-        yield _batch(_release(runs), schema)
+        yield from _batches(_release(runs), schema)
 
 
-def _batch(rows: list[tuple], schema: pa.Schema) -> pa.RecordBatch:
-    columns = zip(*rows, strict=True)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(list(column), type=field.type) for column, field in zip(columns, schema,
-                                                                           strict=True)],
-        schema=schema)
+#: Rows per batch the repair makes (the rows a run held back can be many: a hot key's).
+_REPAIRED_ROWS = 8192
+
+
+def _batches(rows: list[tuple], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    for start in range(0, len(rows), _REPAIRED_ROWS):
+        columns = zip(*rows[start:start + _REPAIRED_ROWS], strict=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(list(column), type=field.type)
+             for column, field in zip(columns, schema, strict=True)], schema=schema)
 
 
 def _collides(runs: _Runs, hashes: np.ndarray, keys: pa.Array) -> bool:
@@ -107,8 +111,8 @@ def _repair(runs: _Runs, batch: pa.RecordBatch, hashes: np.ndarray) -> list[tupl
 
 
 def _release(runs: _Runs) -> list[tuple]:
-    """The held rows, each key's together and ordered by input (a stable sort: rows of one
-    key and input keep their order)."""
+    """The held rows, each key's together and ordered by input as the shuffle orders them
+    (metric rows last), a stable sort: rows of one key and input keep their order."""
     held, runs.held = runs.held, []
-    held.sort(key=lambda row: (row[1] is not None, row[1] or b"", row[0]))
+    held.sort(key=lambda row: (row[1] is not None, row[1] or b"", row[0] & MAX_ORDERED_INPUTS))
     return held

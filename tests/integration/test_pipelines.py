@@ -43,20 +43,22 @@ SPARK_JOBS = {
 
 
 # Pipelines with keyed stages (GroupByKey, CoGroupByKey, combining, windows merged per key,
-# state and timers): run with the shuffle's sort hash cut to 2 bits, so nearly every key of a
-# partition shares its hash with others and `engine/key_runs.py` must keep them apart.
+# state and timers), run with no bits of the shuffle's sort hash: every key of a partition
+# shares it, so `engine/key_runs.py` must keep all of them apart; and once with Arrow batches
+# of one row, so runs cross batch boundaries.
 KEYED = ["group_by_key", "co_group_by_key", "combine_per_key", "session_windows",
          "sliding_windows", "triggered_windows", "stateful_bag_combining_timers",
          "stateful_ordered_list_state"]
+COLLIDING = {**SHAPES, "one-row-batches": ["--parallelism=2", "--arrow_batch_bytes=1"]}
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", list(COLLIDING))
 @pytest.mark.parametrize("name", KEYED)
 def test_keys_that_share_a_sort_hash_give_fnapi_runners_output(
         name: str, shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from sparkbeam.execute import dataset
 
-    monkeypatch.setattr(dataset, "ORDER_HASH_MASK", 0x30000)
+    monkeypatch.setattr(dataset, "ORDER_HASH_MASK", 0)
     build = PIPELINES[name]
-    actual, _ = run_and_collect_with_result(build, spark_runner(), SHAPES[shape])
+    actual, _ = run_and_collect_with_result(build, spark_runner(), COLLIDING[shape])
     assert actual == expected_from_fnapi(name, build)
