@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sparkbeam.engine.arrow import ArrowRows, to_arrow_batches
-from sparkbeam.engine.key_runs import MAX_ORDERED_INPUTS, ORDER_INPUT_BITS
+from sparkbeam.engine.key_runs import MAX_ORDERED_INPUTS, ORDER_INPUT_BITS, contiguous_keys
 from sparkbeam.execute.session import is_connect
 
 _LOG = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 #: The bits of the key's hash a keyed shuffle sorts by (`by_key`): all above the input
 #: number's. Tests narrow it to make keys collide.
 ORDER_HASH_MASK = -(1 << ORDER_INPUT_BITS)
+#: What turns a task's Arrow batches into (input, key, value) batches (`map_stage`'s `prepare`).
+BatchReader = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
 class _Columns:
@@ -149,9 +151,7 @@ class Datasets:
         return lines.select(c.get(("stripped line",), _stripped_line)).select(
             c.null_key(), element)
 
-    def encode_rows(self, df: DataFrame,
-                    prepare: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
-                    name: str = "") -> DataFrame:
+    def encode_rows(self, df: DataFrame, prepare: BatchReader, name: str = "") -> DataFrame:
         """Any DataFrame's rows as a buffer: `prepare`, in each task, turns its Arrow batches
         into batches of (input, key, value)."""
 
@@ -212,30 +212,25 @@ class Datasets:
         """Buffers (key, value) or stage inputs unioned; no parts is an empty input."""
         return _union(dfs) if dfs else self.empty()
 
-    def by_key(self, df: DataFrame, inputs: int = 1) -> DataFrame:
+    def by_key(self, df: DataFrame, inputs: int = 1) -> tuple[DataFrame, BatchReader | None]:
         """Each key in exactly one partition, its rows together and ordered by input: the
-        shuffle. Rows are sorted by one long, `order`: the key's hash in the high 48 bits over
-        the input number, which Spark sorts by radix (`engine/key_runs.py`). The stage's
-        tasks read them through `contiguous_keys`, which keeps two keys with the same hash
-        apart (`ordered`). A stage with more `inputs` than the low bits hold is sorted by
-        (key, input) instead, with no `order` column."""
+        shuffle; with how the stage's tasks must read its batches (`map_stage`'s `prepare`).
+        Rows are sorted by one long, `order`: the key's hash in the high 48 bits over the
+        input number, which Spark sorts by radix, and read through `contiguous_keys`, which
+        keeps two keys with the same hash apart (`engine/key_runs.py`). A stage with more
+        `inputs` than the low bits hold is sorted by (key, input) instead, with no `order`
+        column and no reader."""
         c = self._c
         key = c.col("key")
         parted = df.repartition(self.parallelism, key)
-        if not self.ordered(inputs):
-            return parted.sortWithinPartitions(key, c.col("input"))
+        if inputs >= MAX_ORDERED_INPUTS:
+            return parted.sortWithinPartitions(key, c.col("input")), None
         mask = ORDER_HASH_MASK
         order = c.get(("order", mask), lambda: F.xxhash64(key).bitwiseAND(F.lit(mask))
                       .bitwiseOR(c.col("input").cast(T.LongType())
                                  .bitwiseAND(F.lit(MAX_ORDERED_INPUTS))).alias("order"))
-        return parted.select(c.col("input"), key, c.col("value"), order).sortWithinPartitions(
-            c.col("order"))
-
-    @staticmethod
-    def ordered(inputs: int) -> bool:
-        """Whether `by_key` sorts a stage of `inputs` inputs by `order` (its tasks must then
-        read their rows through `contiguous_keys`)."""
-        return inputs < MAX_ORDERED_INPUTS
+        return (parted.select(c.col("input"), key, c.col("value"), order)
+                .sortWithinPartitions(c.col("order")), contiguous_keys)
 
     def spread(self, df: DataFrame) -> DataFrame:
         """Rows dealt round-robin over the partitions (initial splits of splittable DoFns)."""
@@ -252,7 +247,7 @@ class Datasets:
         df: DataFrame,
         task: Callable[[Iterable[tuple[int, Any, bytes]], tuple[int, int, int]], Iterator[tuple]],
         name: str = "",
-        prepare: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
+        prepare: BatchReader | None = None,
         persist: bool = True,
     ) -> DataFrame:
         """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,

@@ -13,28 +13,29 @@ from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 
 from sparkbeam.engine.context import pipeline_context
-from sparkbeam.engine.key_runs import contiguous_keys
 from sparkbeam.engine.placement import driver_stages, gathered_once, shuffled_through
 from sparkbeam.engine.side_inputs import side_input_state
 from sparkbeam.engine.task import METRICS_TAG, TaskSpec, run_stage_task
 from sparkbeam.engine.task_errors import stage_error
 from sparkbeam.errors import ExecutionError, JobCancelledError
-from sparkbeam.execute.dataset import Datasets
+from sparkbeam.execute.dataset import BatchReader, Datasets
 from sparkbeam.execute.spark_io import read_buffer, read_query, write_buffer
 from sparkbeam.options import DEFAULT_BUNDLE_SIZE, PLAIN_BUNDLE_SIZE
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
 
 _LOG = logging.getLogger(__name__)
 
-# How each kind of stage gets its input: as its producers left it, partitioned and sorted by
-# the encoded key (each key in one task, its rows together), or dealt round-robin over the
-# partitions (the restrictions of a splittable read). A kind without a row is an error.
-_ARRANGE: dict[StageKind, Callable[[Datasets, Any], Any] | None] = {
+# How each kind of stage gets its input, given its number of inputs, and how its tasks read it:
+# as its producers left it, partitioned by the encoded key (each key in one task, its rows
+# together), or dealt round-robin over the partitions (the restrictions of a splittable read).
+# A kind without a row is an error.
+_ARRANGE: dict[StageKind,
+               Callable[[Datasets, Any, int], tuple[Any, BatchReader | None]] | None] = {
     StageKind.PLAIN: None,
     StageKind.GROUPED: Datasets.by_key,
     StageKind.STATEFUL: Datasets.by_key,
     StageKind.STATEFUL_SPLITTABLE: Datasets.by_key,
-    StageKind.SPLITTABLE: Datasets.spread,
+    StageKind.SPLITTABLE: lambda ds, df, _inputs: (ds.spread(df), None),
 }
 
 
@@ -279,13 +280,9 @@ class Executor:
             raise ExecutionError(f"{stage.display}: the batch executor has no rule for a "
                                  f"{stage.kind.value} stage")
         arrange = _ARRANGE[stage.kind]
-        if arrange is Datasets.by_key:
-            stage_in = self.ds.by_key(stage_in, len(stage.inputs))
-            partitions = self.ds.parallelism
-            if self.ds.ordered(len(stage.inputs)):
-                prepare = contiguous_keys  # keyed stages read no query (`prepare` is None)
-        elif arrange is not None:
-            stage_in = arrange(self.ds, stage_in)
+        if arrange is not None:
+            # A stage that is arranged reads no query, so `prepare` was None until here.
+            stage_in, prepare = arrange(self.ds, stage_in, len(stage.inputs))
             partitions = self.ds.parallelism
         shipped = self.ds.ship(side) if side is not None else None
         spec = dataclasses.replace(spec, partitions=max(1, partitions))
