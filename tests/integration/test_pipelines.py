@@ -62,3 +62,16 @@ def test_keys_that_share_a_sort_hash_give_fnapi_runners_output(
     build = PIPELINES[name]
     actual, _ = run_and_collect_with_result(build, spark_runner(), COLLIDING[shape])
     assert actual == expected_from_fnapi(name, build)
+
+
+def test_a_stage_with_more_inputs_than_the_sort_holds_is_sorted_by_key_and_input(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The (key, input) sort of stages with 65,535 inputs or more, without building one: the
+    # bound lowered to one input, so every keyed stage takes that path.
+    from sparkbeam.execute import dataset
+
+    monkeypatch.setattr(dataset, "MAX_ORDERED_INPUTS", 1)
+    for name in ("co_group_by_key", "stateful_bag_combining_timers"):
+        actual, _ = run_and_collect_with_result(PIPELINES[name], spark_runner(),
+                                                SHAPES["greedy-p2"])
+        assert actual == expected_from_fnapi(name, PIPELINES[name])
