@@ -176,10 +176,17 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
         if record_batch.column(1).null_count:
             raise ValueError("a grouped input row has no key")
         batch = _runs(record_batch)
-        for r in range(len(batch.starts) - 1):
-            a, b = int(batch.starts[r]), int(batch.starts[r + 1])
-            n = int(batch.columns.inputs[a])
-            key = batch.keys[a].as_py()
+        # Per run, Python values taken from the batch once (not a NumPy or Arrow call per run:
+        # most runs of a combiner's merge or a word count are one or two rows long).
+        firsts = batch.starts[:-1]
+        starts = batch.starts.tolist()
+        inputs = batch.columns.inputs[firsts].tolist()
+        keys = batch.keys.take(pa.array(firsts)).to_pylist()
+        whole = np.logical_and.reduceat(batch.ok, firsts).tolist()
+        ends = batch.cut_ends.tolist()
+        cut = batch.cut.tobytes()
+        for r, key in enumerate(keys):
+            a, b, n = starts[r], starts[r + 1], inputs[r]
             if current is not None and (key, n) != current:
                 close_run()
                 if key != current[0] and bundle.full(size, max_bytes):
@@ -187,24 +194,25 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
                     yield bundle
                     bundle = Bundle()
             current = (key, n)
-            pieces.extend(_values(batch, a, b, groupings[n]))
+            if whole[r]:  # every row's value cut out: the run's values are back to back
+                pieces.append(cut[ends[a - 1] if a else 0:ends[b - 1]])
+            else:
+                pieces.extend(_values(batch, cut, ends, a, b, groupings[n]))
             count += b - a
     close_run()
     bundle.closes_keys = True
     yield bundle
 
 
-def _values(batch: _Batch, a: int, b: int, grouping: GlobalGrouping) -> list[bytes]:
-    """Rows [a, b)'s values, nested-encoded, in order."""
-    ends = batch.cut_ends
-    low = int(ends[a - 1]) if a else 0
-    if batch.ok[a:b].all():
-        return [batch.cut[low:int(ends[b - 1])].tobytes()]
+def _values(batch: _Batch, cut: bytes, ends: list[int], a: int, b: int,
+            grouping: GlobalGrouping) -> list[bytes]:
+    """Rows [a, b)'s values, nested-encoded, in order: cut out of `cut` (the batch's cut
+    values, `ends` their ends), or through Beam's coders where a row could not be cut."""
     out = []
     cols = batch.columns
     for i in range(a, b):
         if batch.ok[i]:
-            out.append(batch.cut[(int(ends[i - 1]) if i else 0):int(ends[i])].tobytes())
+            out.append(cut[ends[i - 1] if i else 0:ends[i]])
         else:
             out.append(grouping.value_of(bytes(cols.data[cols.offsets[i]:cols.offsets[i + 1]])))
     return out
