@@ -37,7 +37,7 @@ from sparkbeam.errors import (
 from sparkbeam.metrics import SparkMetrics
 from sparkbeam.mode import inferred_streaming
 from sparkbeam.options import SparkOptions, positive_or_none
-from sparkbeam.plan.arrow_batches import batch_byte_limit
+from sparkbeam.plan.arrow_batches import batch_limits
 from sparkbeam.plan.check import (
     CONNECT_STREAMING,
     find_unsupported,
@@ -203,7 +203,8 @@ class SparkJob:
                 shared_rebalancer(datasets.driver_host())
                 if spark_options.dynamic_splitting != "off" else None
             )
-            arrow_bytes, why = batch_byte_limit(spark_options.arrow_batch_bytes, self.plan)
+            arrow_bytes, arrow_rows, why = batch_limits(spark_options.arrow_batch_bytes,
+                                                        self.plan)
             executor = Executor(
                 datasets,
                 ExecutionSettings(
@@ -215,6 +216,7 @@ class SparkJob:
                     pipeline_options=_worker_options(self.options),
                     worker_connect_timeout_s=spark_options.worker_connect_timeout,
                     arrow_batch_bytes=arrow_bytes,
+                    arrow_batch_rows=arrow_rows,
                 ),
             )
             self._set_state(PipelineState.RUNNING)

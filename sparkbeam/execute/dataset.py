@@ -49,6 +49,7 @@ _KEY_VALUE = T.StructType([T.StructField("key", _BINARY, True),
                            T.StructField("value", _BINARY, True)])
 
 ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+ARROW_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 #: The bits of the key's hash a keyed shuffle sorts by (`by_key`): all above the input
 #: number's. Tests narrow it to make keys collide.
 ORDER_HASH_MASK = -(1 << ORDER_INPUT_BITS)
@@ -392,21 +393,26 @@ class Datasets:
             sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
     @contextlib.contextmanager
-    def arrow_batch_bytes(self, limit: int | None) -> Iterator[None]:
+    def arrow_batch_bytes(self, limit: int | None, rows: int | None = None) -> Iterator[None]:
         """The Spark jobs this thread starts meanwhile cut the Arrow batches of their Python
-        workers at `limit` bytes (None: as the session says). A local property of this
-        thread's jobs, not a session setting: other jobs on the session keep theirs, and a
-        value the session sets explicitly still wins (Spark copies the session's settings
-        over a job's properties). Not over Connect, which has no local properties."""
-        if limit is None or self.connect:
+        workers at `limit` bytes and `rows` rows (None: as the session says). Local
+        properties of this thread's jobs, not session settings: other jobs on the session
+        keep theirs, and a value the session sets explicitly still wins (Spark copies the
+        session's settings over a job's properties). Not over Connect, which has no local
+        properties."""
+        props = {name: value for name, value in ((ARROW_BATCH_BYTES, limit),
+                                                 (ARROW_BATCH_ROWS, rows)) if value is not None}
+        if not props or self.connect:
             yield
             return
         sc = self.spark.sparkContext
-        sc.setLocalProperty(ARROW_BATCH_BYTES, str(limit))
+        for name, value in props.items():
+            sc.setLocalProperty(name, str(value))
         try:
             yield
         finally:
-            sc.setLocalProperty(ARROW_BATCH_BYTES, None)  # type: ignore[arg-type]
+            for name in props:
+                sc.setLocalProperty(name, None)  # type: ignore[arg-type]
 
     def describe(self, description: str) -> None:
         if self.connect:

@@ -69,9 +69,10 @@ class ExecutionSettings:
     rebalance_address: str | None = None
     pipeline_options: dict | None = None  # handed to SDK workers through provisioning
     worker_connect_timeout_s: float = 60.0
-    # The byte limit of the Arrow batches stages' Python workers get (None: Spark's own):
-    # `plan/arrow_batches.py`.
+    # The byte and row limits of the Arrow batches stages' Python workers get (None: Spark's
+    # own): `plan/arrow_batches.py`.
     arrow_batch_bytes: int | None = None
+    arrow_batch_rows: int | None = None
 
 
 def _task(
@@ -125,7 +126,8 @@ class Executor:
                    plan_once=gathered_once(plan.stages, on_driver, exported), sides=sides)
         try:
             with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"), \
-                    self.ds.arrow_batch_bytes(self.settings.arrow_batch_bytes):
+                    self.ds.arrow_batch_bytes(self.settings.arrow_batch_bytes,
+                                             self.settings.arrow_batch_rows):
                 for stage in plan.stages:
                     if cancelled.is_set():
                         raise JobCancelledError(f"{job_id} was cancelled before {stage.label}")

@@ -1,17 +1,20 @@
 """Arrow batches cut by count alone (`--arrow_batch_bytes`, plan/arrow_batches.py): the same
-output as FnApiRunner whatever the byte limit, and the limit is the job's own (a property of
-the Spark jobs its thread starts), never the session's."""
+output as FnApiRunner whatever the byte limit and however many rows a batch holds, and the
+limits are the job's own (properties of the Spark jobs its thread starts), never the
+session's."""
 from __future__ import annotations
 
 import threading
 
 import apache_beam as beam
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from sparkbeam import SparkRunner
-from sparkbeam.execute.dataset import ARROW_BATCH_BYTES, Datasets
-from sparkbeam.plan.arrow_batches import NO_BYTE_LIMIT
+from sparkbeam.execute.dataset import ARROW_BATCH_BYTES, ARROW_BATCH_ROWS, Datasets
+from sparkbeam.plan.arrow_batches import MAX_BATCH_ROWS, NO_BYTE_LIMIT, batch_limits
+from sparkbeam.runner import prepare
 from tests.integration.conftest import run_and_collect
 
 
@@ -49,3 +52,41 @@ def test_the_limit_is_a_property_of_this_threads_jobs(spark) -> None:  # type: i
     assert seen == [None]  # a thread that was not started under it
     with ds.arrow_batch_bytes(None):  # Spark's own: nothing set
         assert sc.getLocalProperty(ARROW_BATCH_BYTES) is None
+
+
+def _many_small_pairs(p):  # type: ignore[no-untyped-def]
+    # 60,000 small typed pairs: each of the two partitions' rows past Spark's 10,000 a batch.
+    return (p | beam.Impulse() | beam.FlatMap(lambda _: range(60_000)).with_output_types(int)
+            | beam.Map(lambda x: (x % 701, x)).with_output_types(tuple[int, int])
+            | beam.GroupByKey()
+            | beam.MapTuple(lambda k, vs: (k, len(vs), sum(vs), min(vs), max(vs))))
+
+
+def test_batches_of_more_rows_than_sparks_default_give_fnapis_output(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The job `run_and_collect` runs is one whose rows are provably small.
+    p = beam.Pipeline(options=PipelineOptions([]))
+    _ = (_many_small_pairs(p) | beam.Map(repr) | beam.io.WriteToText(str(tmp_path / "out")))
+    assert batch_limits("auto", prepare(p.to_runner_api(), p.options))[1] == MAX_BATCH_ROWS
+    expected = run_and_collect(_many_small_pairs, FnApiRunner())
+    assert run_and_collect(_many_small_pairs, SparkRunner(), ["--parallelism=2"]) == expected
+
+
+def test_the_row_limit_is_this_threads_jobs_and_spark_cuts_batches_at_it(spark) -> None:  # type: ignore[no-untyped-def]
+    def sizes(batches):  # type: ignore[no-untyped-def]
+        import pyarrow as pa
+
+        yield pa.RecordBatch.from_pydict({"rows": [b.num_rows for b in batches]})
+
+    ds = Datasets(spark)
+    sc = spark.sparkContext
+    df = spark.range(0, 60_000, 1, 1)
+
+    def cut() -> list[int]:
+        return [r.rows for r in df.mapInArrow(sizes, "rows long").collect()]
+
+    assert cut() == [10_000] * 6  # Spark's own: the session sets no row limit
+    with ds.arrow_batch_bytes(NO_BYTE_LIMIT, 25_000):
+        assert sc.getLocalProperty(ARROW_BATCH_ROWS) == "25000"
+        assert cut() == [25_000, 25_000, 10_000]
+    assert sc.getLocalProperty(ARROW_BATCH_ROWS) is None
+    assert cut() == [10_000] * 6

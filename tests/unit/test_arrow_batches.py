@@ -9,9 +9,14 @@ from apache_beam.transforms import window
 from apache_beam.utils.timestamp import MAX_TIMESTAMP
 
 from sparkbeam.plan.arrow_batches import (
+    MAX_BATCH_ROWS,
     MAX_ROW_BYTES,
     NO_BYTE_LIMIT,
+    SPARK_BATCH_ROWS,
     batch_byte_limit,
+    batch_limits,
+    batch_rows,
+    largest_row,
     max_encoded_size,
     rows_provably_small,
     setting_problem,
@@ -74,16 +79,36 @@ def _plan(typed_strings: bool):  # type: ignore[no-untyped-def]
 def test_a_plan_of_small_typed_elements_batches_by_count() -> None:
     plan = _plan(typed_strings=False)
     assert rows_provably_small(plan)
-    limit, why = batch_byte_limit("auto", plan)
-    assert limit == NO_BYTE_LIMIT and f"at most {MAX_ROW_BYTES} bytes" in why
+    # The largest row: the grouping's input, (int, int) in the global window on the wire (the
+    # element's header, two length-prefixed varints), and its key again.
+    largest = largest_row(plan)
+    assert largest == 4 + 2 * ((8 + 4 + 1 + 10 + 10) + 2 * (10 + 5))
+    limit, rows, why = batch_limits("auto", plan)
+    assert (limit, rows) == (NO_BYTE_LIMIT, MAX_BATCH_ROWS)
+    assert f"{MAX_BATCH_ROWS:,} rows" in why and f"at most {largest} bytes" in why
+    assert batch_byte_limit("auto", plan) == (limit, why)
 
 
 def test_a_stage_reading_strings_keeps_sparks_limit_unless_told() -> None:
     plan = _plan(typed_strings=True)
-    assert not rows_provably_small(plan)
+    assert not rows_provably_small(plan) and largest_row(plan) is None
     assert batch_byte_limit("auto", plan)[0] is None
     assert batch_byte_limit("rows", plan)[0] == NO_BYTE_LIMIT
     assert batch_byte_limit("1048576", plan)[0] == 1048576
+    # More rows a batch only where the rows are provably small: never on the user's say-so.
+    assert [batch_limits(setting, plan)[1] for setting in ("auto", "rows", "1048576")] == [
+        None, None, None]
+    assert batch_limits("rows", _plan(typed_strings=False))[1] is None
+
+
+@pytest.mark.parametrize("largest", [0, 1, 110, 671, 672, 1000, 6709, MAX_ROW_BYTES])
+def test_more_rows_a_batch_only_as_far_as_spark_s_64_mb_holds_them(largest: int) -> None:
+    rows = batch_rows(largest)
+    assert SPARK_BATCH_ROWS <= rows <= MAX_BATCH_ROWS
+    assert rows * max(largest, 1) <= MAX_ROW_BYTES * SPARK_BATCH_ROWS
+    if rows < MAX_BATCH_ROWS:  # no more would fit, unless Spark's own count already is more
+        assert (rows + 1) * largest > MAX_ROW_BYTES * SPARK_BATCH_ROWS or (
+            rows == SPARK_BATCH_ROWS)
 
 
 def test_a_bad_setting_is_refused_at_prepare() -> None:
