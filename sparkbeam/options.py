@@ -88,8 +88,9 @@ class SparkOptions(PipelineOptions):
             default="auto",
             help="Batch: the most bytes of rows Spark puts in one Arrow batch for a stage's "
             "Python workers (besides 10,000 rows). 'auto' (default): no byte limit when every "
-            "row the plan's stages read is provably small (their coders bound them), else "
-            "Spark's (64 MB); 'rows': no byte limit (Spark then skips a size check per row: "
+            "row the plan's stages read is provably small (their coders bound them), and as "
+            "many rows as 64 MB holds of the largest, up to 100,000; else Spark's limits "
+            "(64 MB, 10,000 rows); 'rows': no byte limit (Spark then skips a size check per row: "
             "~20 %% faster on 10 M small rows; a batch holds 10,000 elements however large "
             "they are); a number: that many bytes.",
         )
