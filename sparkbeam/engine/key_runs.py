@@ -16,6 +16,10 @@ consumer downstream (grouping from columns, bundles, stateful DoFns) sees what i
 each key's rows together, ordered by input. A batch without such a collision (all but a
 vanishing few) is checked with vectorised comparisons of neighbouring rows and passed on with
 its `order` column dropped, without a Python step per row.
+
+The shuffle hands the tasks (key, value, order) only: the input number is `order`'s low bits,
+so it is not sent a second time (each column the JVM hands Python costs it ~0.3-0.5 us a row:
+bench/ANALYSIS.md). `contiguous_keys` puts it back in front, with NumPy, per batch.
 """
 from __future__ import annotations
 
@@ -43,13 +47,14 @@ class _Runs:
 
 
 def contiguous_keys(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Batches of (input, key, value, order), sorted by `order`, as batches of (input, key,
-    value) in which each key's rows are together and ordered by input (module docstring)."""
+    """Batches of (key, value, order), sorted by `order`, as batches of (input, key, value)
+    in which each key's rows are together and ordered by input (module docstring)."""
     runs = _Runs()
     schema: pa.Schema | None = None
-    for batch in batches:
-        if batch.num_rows == 0:
+    for shuffled in batches:
+        if shuffled.num_rows == 0:
             continue
+        batch = _with_inputs(shuffled)
         if schema is None:
             schema = pa.schema(list(batch.schema)[:3])
         hashes = batch.column(3).to_numpy(zero_copy_only=False) >> ORDER_INPUT_BITS
@@ -62,6 +67,17 @@ def contiguous_keys(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
         yield from _batches(_repair(runs, batch, hashes), schema)
     if runs.held and schema is not None:
         yield from _batches(_release(runs), schema)
+
+
+def _with_inputs(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """(key, value, order) as (input, key, value, order): the input number from `order`'s low
+    bits, the all-ones value the metric rows' -1."""
+    order = batch.column(2)
+    low = order.to_numpy(zero_copy_only=False) & MAX_ORDERED_INPUTS
+    inputs = np.where(low == MAX_ORDERED_INPUTS, -1, low).astype(np.int32)
+    return pa.RecordBatch.from_arrays([pa.array(inputs, pa.int32()), batch.column(0),
+                                       batch.column(1), order],
+                                      names=["input", "key", "value", "order"])
 
 
 #: Rows per batch the repair makes (the rows a run held back can be many: a hot key's).

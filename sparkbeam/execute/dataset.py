@@ -230,7 +230,8 @@ class Datasets:
         order = c.get(("order", mask), lambda: F.xxhash64(key).bitwiseAND(F.lit(mask))
                       .bitwiseOR(c.col("input").cast(T.LongType())
                                  .bitwiseAND(F.lit(MAX_ORDERED_INPUTS))).alias("order"))
-        return (parted.select(c.col("input"), key, c.col("value"), order)
+        # The input number travels in `order`'s low bits only (`contiguous_keys` reads it).
+        return (parted.select(key, c.col("value"), order)
                 .sortWithinPartitions(c.col("order")), contiguous_keys)
 
     def spread(self, df: DataFrame) -> DataFrame:

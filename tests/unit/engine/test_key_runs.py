@@ -1,6 +1,6 @@
 """`contiguous_keys`: rows sorted by a (hash, input) long come out with each key's rows together
-and in input order, however keys collide in the hash and however the rows are cut into
-batches."""
+and in input order, with their input numbers read back from the long, however keys collide in
+the hash and however the rows are cut into batches."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from sparkbeam.engine.key_runs import ORDER_INPUT_BITS, contiguous_keys
 
-SCHEMA = pa.schema([("input", pa.int32()), ("key", pa.binary()), ("value", pa.binary()),
-                    ("order", pa.int64())])
+# What the shuffle hands a keyed stage's tasks: the input number only in `order`'s low bits.
+SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("order", pa.int64())])
 
 
 def _sorted_batches(rows: list[tuple[int, bytes | None, bytes]], hash_of, cuts: list[int]
@@ -20,9 +20,8 @@ def _sorted_batches(rows: list[tuple[int, bytes | None, bytes]], hash_of, cuts: 
         return (hash_of(row[1]) << ORDER_INPUT_BITS) | (row[0] & 0xFFFF)
 
     ordered = sorted(rows, key=order)
-    table = pa.table({"input": [r[0] for r in ordered], "key": [r[1] for r in ordered],
-                      "value": [r[2] for r in ordered], "order": [order(r) for r in ordered]},
-                     schema=SCHEMA)
+    table = pa.table({"key": [r[1] for r in ordered], "value": [r[2] for r in ordered],
+                      "order": [order(r) for r in ordered]}, schema=SCHEMA)
     batches, start = [], 0
     for cut in sorted(set(cuts)) + [len(ordered)]:
         if start <= cut <= len(ordered):
