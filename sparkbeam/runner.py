@@ -204,7 +204,7 @@ class SparkJob:
                 if spark_options.dynamic_splitting != "off" else None
             )
             arrow_bytes, arrow_rows, why = batch_limits(spark_options.arrow_batch_bytes,
-                                                        self.plan)
+                                                        self.plan, datasets.session_arrow_rows())
             executor = Executor(
                 datasets,
                 ExecutionSettings(

@@ -170,9 +170,7 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
         pieces.clear()
         count = 0
 
-    for record_batch in batches:
-        if not record_batch.num_rows:
-            continue
+    for record_batch in _slices(batches):
         if record_batch.column(1).null_count:
             raise ValueError("a grouped input row has no key")
         batch = _runs(record_batch)
@@ -202,6 +200,18 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
     close_run()
     bundle.closes_keys = True
     yield bundle
+
+
+#: The most rows `_runs` takes at once: its NumPy temporaries are ~18 times a batch's bytes,
+#: and a batch can hold up to 100,000 rows (`plan/arrow_batches.py`).
+_RUN_ROWS = 10_000
+
+
+def _slices(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batches' rows in slices of at most `_RUN_ROWS` (no copy), empty ones left out."""
+    for batch in batches:
+        for start in range(0, batch.num_rows, _RUN_ROWS):
+            yield batch.slice(start, _RUN_ROWS)
 
 
 def _values(batch: _Batch, cut: bytes, ends: list[int], a: int, b: int,

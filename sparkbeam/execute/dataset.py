@@ -393,6 +393,13 @@ class Datasets:
             sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
             sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
+    def session_arrow_rows(self) -> int | None:
+        """The Arrow batches' row limit the session holds (Spark's 10,000 unless set), which
+        wins over a job's own; None over Connect, where no job sets its own."""
+        if self.connect:
+            return None
+        return int(self.spark.conf.get(ARROW_BATCH_ROWS, "10000") or 10_000)
+
     @contextlib.contextmanager
     def arrow_batch_bytes(self, limit: int | None, rows: int | None = None) -> Iterator[None]:
         """The Spark jobs this thread starts meanwhile cut the Arrow batches of their Python

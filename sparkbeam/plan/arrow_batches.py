@@ -201,8 +201,13 @@ def largest_row(plan: Plan) -> int | None:
         if value is None:
             return None
         # The row's key is (at most) the value's own key, encoded again.
-        largest = max(largest, 4 + 2 * value)
+        largest = max(largest, _ROW_OVERHEAD + 2 * value)
     return largest
+
+
+#: What a row takes in an Arrow batch besides its key's and value's bytes: its input number,
+#: its two binary columns' offsets and a keyed stage's sort column (4 + 4 + 4 + 8).
+_ROW_OVERHEAD = 20
 
 
 #: Spark's own row limit (`spark.sql.execution.arrow.maxRecordsPerBatch`), and the most rows
@@ -237,9 +242,13 @@ def batch_byte_limit(setting: str, plan: Plan) -> tuple[int | None, str]:
     return limit, why
 
 
-def batch_limits(setting: str, plan: Plan) -> tuple[int | None, int | None, str]:
+def batch_limits(setting: str, plan: Plan, session_rows: int | None = None
+                 ) -> tuple[int | None, int | None, str]:
     """The byte limit (as `batch_byte_limit`) and the row limit (None: Spark's own, 10,000
-    unless the session says otherwise) of a batch job's Arrow batches, and why."""
+    unless the session says otherwise) of a batch job's Arrow batches, and why.
+    `session_rows`: the row limit the session itself holds, which wins over the job's (a
+    session the user made, a cluster's defaults); more rows than provably fit 64 MB keep
+    Spark's byte limit."""
     if setting == "rows":
         return NO_BYTE_LIMIT, None, ("Arrow batches to Python workers by row count alone "
                                      "(--arrow_batch_bytes=rows)")
@@ -249,8 +258,13 @@ def batch_limits(setting: str, plan: Plan) -> tuple[int | None, int | None, str]
     largest = largest_row(plan)
     if largest is not None and largest <= MAX_ROW_BYTES:
         rows = batch_rows(largest)
+        if session_rows is not None and session_rows > rows:
+            return None, None, (
+                f"Arrow batches to Python workers keep Spark's byte limit: the session cuts "
+                f"them at {session_rows:,} rows (spark.sql.execution.arrow.maxRecordsPerBatch), "
+                f"more than the {rows:,} rows of at most {largest} bytes that fit 64 MB")
         return NO_BYTE_LIMIT, rows, (
-            f"Arrow batches to Python workers by row count alone, {rows:,} rows: every row "
+            f"Arrow batches to Python workers by row count alone, up to {rows:,} rows: every row "
             f"the stages read is at most {largest} bytes (its coder bounds it) or a line of a "
             "text file")
     return None, None, ("Arrow batches to Python workers keep Spark's byte limit: some stage "

@@ -90,3 +90,25 @@ def test_the_row_limit_is_this_threads_jobs_and_spark_cuts_batches_at_it(spark) 
         assert cut() == [25_000, 25_000, 10_000]
     assert sc.getLocalProperty(ARROW_BATCH_ROWS) is None
     assert cut() == [10_000] * 6
+
+
+def test_a_job_sets_its_rows_unless_the_session_cuts_at_more_than_fit(spark, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # What the runner hands `Datasets.arrow_batch_bytes`: the job's row limit; and Spark's
+    # byte limit kept when the session's own row limit (which wins) is more than fits 64 MB.
+    seen: list[tuple[int | None, int | None]] = []
+    original = Datasets.arrow_batch_bytes
+
+    def recorded(self, limit, rows=None):  # type: ignore[no-untyped-def]
+        seen.append((limit, rows))
+        return original(self, limit, rows)
+
+    monkeypatch.setattr(Datasets, "arrow_batch_bytes", recorded)
+    expected = run_and_collect(_many_small_pairs, FnApiRunner())
+    assert run_and_collect(_many_small_pairs, SparkRunner()) == expected
+    assert seen == [(NO_BYTE_LIMIT, MAX_BATCH_ROWS)]
+    spark.conf.set(ARROW_BATCH_ROWS, str(MAX_BATCH_ROWS * 10))
+    try:
+        assert run_and_collect(_many_small_pairs, SparkRunner()) == expected
+    finally:
+        spark.conf.unset(ARROW_BATCH_ROWS)
+    assert seen[1:] == [(None, None)]

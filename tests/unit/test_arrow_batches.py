@@ -80,9 +80,10 @@ def test_a_plan_of_small_typed_elements_batches_by_count() -> None:
     plan = _plan(typed_strings=False)
     assert rows_provably_small(plan)
     # The largest row: the grouping's input, (int, int) in the global window on the wire (the
-    # element's header, two length-prefixed varints), and its key again.
+    # element's header, two length-prefixed varints), its key again, and the row's Arrow
+    # overhead (input number, two offsets, the sort column).
     largest = largest_row(plan)
-    assert largest == 4 + 2 * ((8 + 4 + 1 + 10 + 10) + 2 * (10 + 5))
+    assert largest == 20 + 2 * ((8 + 4 + 1 + 10 + 10) + 2 * (10 + 5))
     limit, rows, why = batch_limits("auto", plan)
     assert (limit, rows) == (NO_BYTE_LIMIT, MAX_BATCH_ROWS)
     assert f"{MAX_BATCH_ROWS:,} rows" in why and f"at most {largest} bytes" in why
@@ -99,6 +100,18 @@ def test_a_stage_reading_strings_keeps_sparks_limit_unless_told() -> None:
     assert [batch_limits(setting, plan)[1] for setting in ("auto", "rows", "1048576")] == [
         None, None, None]
     assert batch_limits("rows", _plan(typed_strings=False))[1] is None
+
+
+def test_a_session_that_cuts_at_more_rows_than_fit_keeps_sparks_byte_limit() -> None:
+    # The session's own row limit wins over the job's (a cluster's defaults, a session the
+    # user made): past what provably fits 64 MB, no batch may go without the byte limit.
+    plan = _plan(typed_strings=False)
+    assert batch_limits("auto", plan, session_rows=MAX_BATCH_ROWS)[:2] == (
+        NO_BYTE_LIMIT, MAX_BATCH_ROWS)
+    assert batch_limits("auto", plan, session_rows=5_000)[:2] == (NO_BYTE_LIMIT, MAX_BATCH_ROWS)
+    limit, rows, why = batch_limits("auto", plan, session_rows=MAX_BATCH_ROWS + 1)
+    assert (limit, rows) == (None, None)
+    assert "keep Spark's byte limit" in why and f"{MAX_BATCH_ROWS + 1:,} rows" in why
 
 
 @pytest.mark.parametrize("largest", [0, 1, 110, 671, 672, 1000, 6709, MAX_ROW_BYTES])

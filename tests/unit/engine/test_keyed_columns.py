@@ -2,6 +2,8 @@
 groups, in the bundles `keyed_bundles` cuts row by row."""
 from __future__ import annotations
 
+from unittest import mock
+
 import pyarrow as pa
 import pytest
 from apache_beam.coders import coders
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from sparkbeam.engine.arrow import OUT_ARROW
 from sparkbeam.engine.bundles import keyed_bundles
 from sparkbeam.engine.grouping import TriggerDriverGrouper
+from sparkbeam.engine import keyed_columns
 from sparkbeam.engine.keyed_columns import global_grouping, keyed_column_bundles
 from sparkbeam.plan.model import Grouping
 
@@ -80,9 +83,12 @@ def _shape(bundles):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), which=st.integers(0, len(CODERS) - 1), size=st.integers(1, 6),
-       max_bytes=st.integers(1, 300), cut=st.integers(1, 30), sliced=st.booleans())
+       max_bytes=st.integers(1, 300), cut=st.integers(1, 30), sliced=st.booleans(),
+       run_rows=st.sampled_from([1, 3, 7, keyed_columns._RUN_ROWS]))
 def test_column_groups_are_grouping_buffers_in_the_same_bundles(  # type: ignore[no-untyped-def]
-        data, which, size, max_bytes, cut, sliced) -> None:
+        data, which, size, max_bytes, cut, sliced, run_rows) -> None:
+    # `run_rows`: the slices a batch is grouped in (a batch of up to 100,000 rows is taken
+    # 10,000 at a time), down to one row.
     key_coder, value_coder, values = CODERS[which]
     grouping, ctx = _grouping(key_coder, value_coder)
     pre = ctx.coders[grouping.input_coder_id].get_impl()
@@ -105,7 +111,9 @@ def test_column_groups_are_grouping_buffers_in_the_same_bundles(  # type: ignore
     expected = keyed_bundles(rows, size, max_bytes, {0: grouper, 1: grouper})
     column = global_grouping(grouping, ctx)
     assert column is not None
-    got = keyed_column_bundles(_batches(rows, cut, sliced), size, max_bytes, {0: column, 1: column})
+    with mock.patch.object(keyed_columns, "_RUN_ROWS", run_rows):
+        got = list(keyed_column_bundles(_batches(rows, cut, sliced), size, max_bytes,
+                                        {0: column, 1: column}))
     assert _shape(got) == _shape(expected)
 
 
