@@ -27,6 +27,7 @@ from pyspark.sql import types as T
 from sparkbeam.engine.arrow import ArrowRows, to_arrow_batches
 from sparkbeam.engine.key_runs import MAX_ORDERED_INPUTS, ORDER_INPUT_BITS, contiguous_keys
 from sparkbeam.execute.session import is_connect
+from sparkbeam.plan.arrow_batches import SPARK_BATCH_ROWS
 
 _LOG = logging.getLogger(__name__)
 
@@ -398,10 +399,10 @@ class Datasets:
         wins over a job's own; None over Connect, where no job sets its own."""
         if self.connect:
             return None
-        return int(self.spark.conf.get(ARROW_BATCH_ROWS, "10000") or 10_000)
+        return int(self.spark.conf.get(ARROW_BATCH_ROWS, None) or SPARK_BATCH_ROWS)
 
     @contextlib.contextmanager
-    def arrow_batch_bytes(self, limit: int | None, rows: int | None = None) -> Iterator[None]:
+    def arrow_batch_limits(self, limit: int | None, rows: int | None = None) -> Iterator[None]:
         """The Spark jobs this thread starts meanwhile cut the Arrow batches of their Python
         workers at `limit` bytes and `rows` rows (None: as the session says). Local
         properties of this thread's jobs, not session settings: other jobs on the session

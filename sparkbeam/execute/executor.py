@@ -126,7 +126,7 @@ class Executor:
                    plan_once=gathered_once(plan.stages, on_driver, exported), sides=sides)
         try:
             with self.ds.job_group(group or job_id, f"sparkbeam {job_id}"), \
-                    self.ds.arrow_batch_bytes(self.settings.arrow_batch_bytes,
+                    self.ds.arrow_batch_limits(self.settings.arrow_batch_bytes,
                                              self.settings.arrow_batch_rows):
                 for stage in plan.stages:
                     if cancelled.is_set():

@@ -32,7 +32,7 @@ def session_config() -> dict[str, str]:
         # Workers forked from a daemon that has already imported Beam start warm.
         "spark.python.daemon.module": "sparkbeam.execute.daemon",
         # Not set here: Arrow batches' rows (Spark's 10,000) and bytes are each batch job's
-        # own (`Datasets.arrow_batch_bytes`), and a session's setting would override them.
+        # own (`Datasets.arrow_batch_limits`), and a session's setting would override them.
         "spark.ui.showConsoleProgress": "false",
         # Adaptive execution re-plans nothing in a sparkbeam plan (every shuffle has its
         # partition count, no joins) but runs each shuffle as a Spark job of its own (seven

@@ -44,9 +44,13 @@ from apache_beam.runners.portability.fn_api_runner import translations
 from sparkbeam.plan.direct_paths import loaded_dofn, same_code, wrapped_fn
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan
 
-#: Spark's default byte limit over its default (and sparkbeam's) row limit: rows this small
+#: Spark's own row limit (`spark.sql.execution.arrow.maxRecordsPerBatch`), and the most rows
+#: a batch of provably small rows is given.
+SPARK_BATCH_ROWS = 10_000
+MAX_BATCH_ROWS = 100_000
+#: Spark's default byte limit over its default row limit: rows this small
 #: fill a 10,000-row batch to at most the 64 MB Spark would allow.
-MAX_ROW_BYTES = (64 << 20) // 10_000
+MAX_ROW_BYTES = (64 << 20) // SPARK_BATCH_ROWS
 
 _C = common_urns.coders
 # Largest encodings of Beam's standard coders of fixed-size values.
@@ -210,12 +214,6 @@ def largest_row(plan: Plan) -> int | None:
 _ROW_OVERHEAD = 20
 
 
-#: Spark's own row limit (`spark.sql.execution.arrow.maxRecordsPerBatch`), and the most rows
-#: a batch of provably small rows is given.
-SPARK_BATCH_ROWS = 10_000
-MAX_BATCH_ROWS = 100_000
-
-
 def batch_rows(largest: int) -> int:
     """Rows per Arrow batch when no row takes more than `largest` bytes (at most
     `MAX_ROW_BYTES`): as many as fit within Spark's 64 MB, between Spark's 10,000 and
@@ -235,17 +233,11 @@ def setting_problem(setting: str) -> str | None:
     return "--arrow_batch_bytes takes auto, rows or a number of bytes (at least 1)"
 
 
-def batch_byte_limit(setting: str, plan: Plan) -> tuple[int | None, str]:
-    """The byte limit of the Arrow batches a batch job's Python workers get (None: Spark's
-    own, 64 MB unless the session says otherwise), and why, for the job's log."""
-    limit, _rows, why = batch_limits(setting, plan)
-    return limit, why
-
-
 def batch_limits(setting: str, plan: Plan, session_rows: int | None = None
                  ) -> tuple[int | None, int | None, str]:
-    """The byte limit (as `batch_byte_limit`) and the row limit (None: Spark's own, 10,000
-    unless the session says otherwise) of a batch job's Arrow batches, and why.
+    """The byte limit (None: Spark's own, 64 MB unless the session says otherwise) and the
+    row limit (None: Spark's own, 10,000 unless the session says otherwise) of the Arrow
+    batches a batch job's Python workers get, and why, for the job's log.
     `session_rows`: the row limit the session itself holds, which wins over the job's (a
     session the user made, a cluster's defaults); more rows than provably fit 64 MB keep
     Spark's byte limit."""

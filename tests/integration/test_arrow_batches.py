@@ -41,7 +41,7 @@ def test_the_limit_is_a_property_of_this_threads_jobs(spark) -> None:  # type: i
     ds = Datasets(spark)
     sc = spark.sparkContext
     seen: list[str | None] = []
-    with ds.arrow_batch_bytes(NO_BYTE_LIMIT):
+    with ds.arrow_batch_limits(NO_BYTE_LIMIT):
         assert sc.getLocalProperty(ARROW_BATCH_BYTES) == str(NO_BYTE_LIMIT)
         other = threading.Thread(target=lambda: seen.append(sc.getLocalProperty(
             ARROW_BATCH_BYTES)))
@@ -50,7 +50,7 @@ def test_the_limit_is_a_property_of_this_threads_jobs(spark) -> None:  # type: i
         assert spark.conf.get(ARROW_BATCH_BYTES) != str(NO_BYTE_LIMIT)  # not the session's
     assert sc.getLocalProperty(ARROW_BATCH_BYTES) is None
     assert seen == [None]  # a thread that was not started under it
-    with ds.arrow_batch_bytes(None):  # Spark's own: nothing set
+    with ds.arrow_batch_limits(None):  # Spark's own: nothing set
         assert sc.getLocalProperty(ARROW_BATCH_BYTES) is None
 
 
@@ -85,7 +85,7 @@ def test_the_row_limit_is_this_threads_jobs_and_spark_cuts_batches_at_it(spark) 
         return [r.rows for r in df.mapInArrow(sizes, "rows long").collect()]
 
     assert cut() == [10_000] * 6  # Spark's own: the session sets no row limit
-    with ds.arrow_batch_bytes(NO_BYTE_LIMIT, 25_000):
+    with ds.arrow_batch_limits(NO_BYTE_LIMIT, 25_000):
         assert sc.getLocalProperty(ARROW_BATCH_ROWS) == "25000"
         assert cut() == [25_000, 25_000, 10_000]
     assert sc.getLocalProperty(ARROW_BATCH_ROWS) is None
@@ -93,16 +93,16 @@ def test_the_row_limit_is_this_threads_jobs_and_spark_cuts_batches_at_it(spark) 
 
 
 def test_a_job_sets_its_rows_unless_the_session_cuts_at_more_than_fit(spark, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # What the runner hands `Datasets.arrow_batch_bytes`: the job's row limit; and Spark's
+    # What the runner hands `Datasets.arrow_batch_limits`: the job's row limit; and Spark's
     # byte limit kept when the session's own row limit (which wins) is more than fits 64 MB.
     seen: list[tuple[int | None, int | None]] = []
-    original = Datasets.arrow_batch_bytes
+    original = Datasets.arrow_batch_limits
 
     def recorded(self, limit, rows=None):  # type: ignore[no-untyped-def]
         seen.append((limit, rows))
         return original(self, limit, rows)
 
-    monkeypatch.setattr(Datasets, "arrow_batch_bytes", recorded)
+    monkeypatch.setattr(Datasets, "arrow_batch_limits", recorded)
     expected = run_and_collect(_many_small_pairs, FnApiRunner())
     assert run_and_collect(_many_small_pairs, SparkRunner()) == expected
     assert seen == [(NO_BYTE_LIMIT, MAX_BATCH_ROWS)]

@@ -13,7 +13,6 @@ from sparkbeam.plan.arrow_batches import (
     MAX_ROW_BYTES,
     NO_BYTE_LIMIT,
     SPARK_BATCH_ROWS,
-    batch_byte_limit,
     batch_limits,
     batch_rows,
     largest_row,
@@ -87,15 +86,14 @@ def test_a_plan_of_small_typed_elements_batches_by_count() -> None:
     limit, rows, why = batch_limits("auto", plan)
     assert (limit, rows) == (NO_BYTE_LIMIT, MAX_BATCH_ROWS)
     assert f"{MAX_BATCH_ROWS:,} rows" in why and f"at most {largest} bytes" in why
-    assert batch_byte_limit("auto", plan) == (limit, why)
 
 
 def test_a_stage_reading_strings_keeps_sparks_limit_unless_told() -> None:
     plan = _plan(typed_strings=True)
     assert not rows_provably_small(plan) and largest_row(plan) is None
-    assert batch_byte_limit("auto", plan)[0] is None
-    assert batch_byte_limit("rows", plan)[0] == NO_BYTE_LIMIT
-    assert batch_byte_limit("1048576", plan)[0] == 1048576
+    assert batch_limits("auto", plan)[0] is None
+    assert batch_limits("rows", plan)[0] == NO_BYTE_LIMIT
+    assert batch_limits("1048576", plan)[0] == 1048576
     # More rows a batch only where the rows are provably small: never on the user's say-so.
     assert [batch_limits(setting, plan)[1] for setting in ("auto", "rows", "1048576")] == [
         None, None, None]
