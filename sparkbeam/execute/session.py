@@ -39,6 +39,12 @@ def session_config() -> dict[str, str]:
         # to nine for the one action of a small catalogue pipeline): off, one action is one
         # Spark job.
         "spark.sql.adaptive.enabled": "false",
+        # Spark keeps a Python daemon per distinct worker environment. Its SQL runners add
+        # this variable (simplified tracebacks, on by default) to the UDF's environment, but
+        # the runner of a streaming `transformWithState` does not: a streaming job then
+        # started a second sparkbeam daemon, importing Beam again (~1.4 s of CPU) as its
+        # first stateful micro-batch waited. Set for every worker, the environments match.
+        "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1",
     }
 
 

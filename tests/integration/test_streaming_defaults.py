@@ -93,3 +93,32 @@ def test_a_checkpoint_of_an_unknown_pipeline_is_refused(tmp_path) -> None:
     with pytest.raises(UnsupportedFeatureError,
                        match=r"holds a streaming query's offsets but no record of its pipeline"):
         p.run()
+
+
+def _daemons_started_by(pid: int) -> list[int]:
+    """sparkbeam's Python daemons among the children of process `pid` (Linux's /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if parent == pid and b"sparkbeam.execute.daemon" in argv:
+            found.append(int(entry))
+    return found
+
+
+def test_a_streaming_jobs_stateless_and_stateful_stages_share_one_python_daemon(
+        tmp_path, spark) -> None:
+    # Spark keeps a daemon per worker environment; `transformWithState`'s runner left out a
+    # variable Spark's other SQL runners add, so a streaming job started a second daemon
+    # that imported Beam again (`session_config`).
+    result = _run(_counts, [], str(tmp_path / "out"))
+    assert result.state == PipelineState.DONE
+    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    assert len(_daemons_started_by(jvm)) == 1
