@@ -147,8 +147,9 @@ class ByWindowGrouper:
                 else:
                     found.append((value, micros))
         if self._merging and windows:
-            if self._sessions and intervals:
-                windows, objects = _merged_sessions(windows, objects)
+            merged = _merged_sessions(windows, objects) if self._sessions and intervals else None
+            if merged is not None:
+                windows, objects = merged
             else:
                 into = self._merge(list(objects.values()))
                 if into:
@@ -184,19 +185,24 @@ _STAMP_KINDS = {
 
 
 def _merged_sessions(windows: dict[Any, list[tuple[Any, int]]], objects: dict[Any, Any]
-                     ) -> tuple[dict[Any, list[tuple[Any, int]]], dict[Any, Any]]:
+                     ) -> tuple[dict[Any, list[tuple[Any, int]]], dict[Any, Any]] | None:
     """`Sessions.merge` and `_regroup` together, on the windows' bounds in micros (`windows`
     keyed by them, in order of first appearance): the windows sorted by start, a run of windows
     each starting before the run's end so far merges into [first start, run end); a window
     equal to its run's result is not merged away. Beam's IntervalWindow hashes and compares
     through its bounds clamped to Beam's timestamps, so each window of a run in a dict cost
     ~1 µs; a merged session has ~2 events in the bench's sessions. Ties in start may come in
-    any order: a run's start is its first window's either way, its end their greatest."""
+    any order: a run's start is its first window's either way, its end their greatest. None
+    when a window is empty (a gap under a millisecond, which Beam's window coder rounds to
+    a span of 0): which run it joins then depends on the order of Beam's set of windows, so
+    Beam's own merge decides (`ByWindowGrouper._merge`)."""
     result_of: dict[tuple[int, int], tuple[int, int]] = {}
     run: list[tuple[int, int]] = []
     run_start = run_end = 0
     for bounds in sorted(windows):
         start, end = bounds
+        if start >= end:
+            return None
         if run and run_end > start:
             run.append(bounds)
             if end > run_end:

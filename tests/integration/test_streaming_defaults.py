@@ -117,8 +117,12 @@ def test_a_streaming_jobs_stateless_and_stateful_stages_share_one_python_daemon(
         tmp_path, spark) -> None:
     # Spark keeps a daemon per worker environment; `transformWithState`'s runner left out a
     # variable Spark's other SQL runners add, so a streaming job started a second daemon
-    # that imported Beam again (`session_config`).
+    # that imported Beam again (`session_config`). Counted before too: an earlier test on
+    # the shared session may have started the batch runners' daemon already.
+    if not spark.sparkContext.master.startswith("local["):
+        pytest.skip("under local-cluster the daemons are the executors' children")
+    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    before = _daemons_started_by(jvm)
     result = _run(_counts, [], str(tmp_path / "out"))
     assert result.state == PipelineState.DONE
-    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    assert len(_daemons_started_by(jvm)) == 1
+    assert len(_daemons_started_by(jvm)) == max(1, len(before)), before
