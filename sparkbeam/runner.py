@@ -300,7 +300,8 @@ class SparkJob:
         run_streaming(spark, self.plan, self.options, self.job_id, self._collector,
                       self.cancelled, self._log, on_progress=self._keep_batches,
                       drain=self.drained, on_run=self._keep_run,
-                      checkpoint_dir=checkpoint_dir)
+                      checkpoint_dir=checkpoint_dir,
+                      default_partitions=self._datasets.parallelism)
         self._log(f"{self.job_id} finished in {time.time() - started:.1f}s")
         self._set_state(PipelineState.DRAINED if self.drained.is_set() else PipelineState.DONE)
 

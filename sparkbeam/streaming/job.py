@@ -37,9 +37,11 @@ def run_streaming(
     on_run: Callable[[StreamingQueryRun], None] = lambda run: None,
     *,
     checkpoint_dir: str,
+    default_partitions: int | None = None,
 ) -> StreamingQueryRun:
     """Runs the plan as one streaming query on `checkpoint_dir` (the job resolves it: the
-    option, or a fresh directory on a local master)."""
+    option, or a fresh directory on a local master); its stateful operators take
+    `default_partitions` partitions when --parallelism is not given."""
     spark_options = options.view_as(SparkOptions)
     settings = StreamingSettings(
         checkpoint_dir=checkpoint_dir,
@@ -49,6 +51,7 @@ def run_streaming(
         metrics_address=collector.address,
         job_id=job_id,
         partitions=positive_or_none(spark_options.parallelism),
+        default_partitions=default_partitions,
         max_items_per_batch=spark_options.max_items_per_batch,
         max_bytes_per_batch=spark_options.max_bytes_per_batch,
     )

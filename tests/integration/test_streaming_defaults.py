@@ -2,6 +2,7 @@
 master) --checkpoint_dir, and a checkpoint directory resumes only the pipeline that wrote it."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -126,3 +127,28 @@ def test_a_streaming_jobs_stateless_and_stateful_stages_share_one_python_daemon(
     result = _run(_counts, [], str(tmp_path / "out"))
     assert result.state == PipelineState.DONE
     assert len(_daemons_started_by(jvm)) == max(1, len(before)), before
+
+
+@pytest.mark.parametrize("flags, expected", [([], "default"), (["--parallelism=3"], "3")])
+def test_stateful_operators_take_the_jobs_parallelism_not_the_sessions_shuffle_partitions(
+        tmp_path, spark, flags, expected) -> None:
+    # Each stateful partition costs every micro-batch a task (its state store's commit and a
+    # Python round trip), input or not: the session's spark.sql.shuffle.partitions (4 in the
+    # tests' session, 200 in Spark's default) made idle micro-batches cost as many.
+    want = str(spark.sparkContext.defaultParallelism) if expected == "default" else expected
+    # What the session would give (its own 4, or the 8 a job's session defaults set on it):
+    # else this test could not tell the two apart.
+    assert want not in ("4", "8")
+    expected_lines = expected_from_direct_runner("fixed_default")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    os.makedirs(out)
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(
+        [f"--checkpoint_dir={checkpoint}", *flags]))
+    _ = STREAMING_PIPELINES["fixed_default"](p) | "Write" >> beam.ParDo(WriteLines(out))
+    result = p.run()
+    result.wait_until_finish()
+    assert result.state == PipelineState.DONE
+    assert read_lines(out) == expected_lines
+    with open(os.path.join(checkpoint, "offsets", "0")) as f:
+        metadata = json.loads(f.read().splitlines()[1])
+    assert metadata["conf"]["spark.sql.shuffle.partitions"] == want
