@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.utils import is_remote
 
 from sparkbeam.errors import ExecutionError
 from sparkbeam.execute.class_archive import driver_java_options
@@ -58,8 +59,11 @@ def is_connect(spark: Any) -> bool:
 
 
 def active_session() -> SparkSession | None:
-    """The active session, classic or Connect. A Connect session is active per thread only,
-    and jobs run in threads of their own: fall back to its default (first) session."""
+    """The active session, classic or Connect. A session is active per thread only (PySpark
+    reads a classic one from a JVM thread-local), and jobs run in threads of their own: fall
+    back to the process's default (first) session. Without that, a job's thread found none
+    and asked for a new one with sparkbeam's settings, which `getOrCreate` applied to the
+    session the user made (its shuffle partitions and adaptive execution changed under it)."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -68,8 +72,15 @@ def active_session() -> SparkSession | None:
         try:
             return connect.SparkSession.active()  # type: ignore[no-any-return]
         except Exception:  # noqa: BLE001 - none active or default
-            return None
-    return None
+            pass
+    if is_remote():  # a Connect client's process: no classic session to fall back to
+        return None
+    try:
+        default = SparkSession.active()
+    except Exception:  # noqa: BLE001 - none made in this process, or it was stopped
+        return None
+    # As `getOrCreate` judges it: a session whose SparkContext is stopped is none.
+    return default if getattr(default.sparkContext, "_jsc", None) is not None else None
 
 
 def get_session(options: SparkOptions, defaults: dict[str, str] | None = None) -> SparkSession:

@@ -174,6 +174,23 @@ def test_reuses_the_active_spark_session(spark) -> None:  # type: ignore[no-unty
     assert SparkSession.getActiveSession() is spark
 
 
+def test_a_job_keeps_the_settings_of_the_session_it_runs_on(spark) -> None:  # type: ignore[no-untyped-def]
+    # The job runs in a thread of its own, where PySpark sees no active session: it used to
+    # ask for a new one with sparkbeam's settings, which getOrCreate applied to this one.
+    keys = ("spark.sql.shuffle.partitions", "spark.sql.adaptive.enabled")
+    saved = {k: spark.conf.get(k) for k in keys}
+    spark.conf.set("spark.sql.shuffle.partitions", "5")
+    spark.conf.set("spark.sql.adaptive.enabled", "true")
+    try:
+        with _pipeline() as p:
+            assert_that(p | beam.Create([1, 2]) | beam.Map(lambda x: x * 2), equal_to([2, 4]))
+        assert {k: spark.conf.get(k) for k in keys} == {
+            "spark.sql.shuffle.partitions": "5", "spark.sql.adaptive.enabled": "true"}
+    finally:
+        for k, v in saved.items():
+            spark.conf.set(k, v)
+
+
 def _spark_home_failing(tmp_path, failures: int):  # type: ignore[no-untyped-def]
     """A SPARK_HOME whose spark-submit exits at once `failures` times, then runs PySpark's own
     (what a gateway JVM that dies at launch looks like to PySpark); and its call log."""
