@@ -59,11 +59,8 @@ def is_connect(spark: Any) -> bool:
 
 
 def active_session() -> SparkSession | None:
-    """The active session, classic or Connect. A session is active per thread only (PySpark
-    reads a classic one from a JVM thread-local), and jobs run in threads of their own: fall
-    back to the process's default (first) session. Without that, a job's thread found none
-    and asked for a new one with sparkbeam's settings, which `getOrCreate` applied to the
-    session the user made (its shuffle partitions and adaptive execution changed under it)."""
+    """The active session, classic or Connect. A Connect session is active per thread only,
+    and jobs run in threads of their own: fall back to its default (first) session."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -72,14 +69,20 @@ def active_session() -> SparkSession | None:
         try:
             return connect.SparkSession.active()  # type: ignore[no-any-return]
         except Exception:  # noqa: BLE001 - none active or default
-            pass
-    if is_remote():  # a Connect client's process: no classic session to fall back to
+            return None
+    return None
+
+
+def _users_session() -> SparkSession | None:
+    """The classic session this process made, seen from a thread where it is not active (a
+    classic session is active per thread: PySpark reads it from a JVM thread-local); None
+    in a Connect client's process, or once it is stopped (as `getOrCreate` judges it)."""
+    if is_remote():
         return None
     try:
         default = SparkSession.active()
     except Exception:  # noqa: BLE001 - none made in this process, or it was stopped
         return None
-    # As `getOrCreate` judges it: a session whose SparkContext is stopped is none.
     return default if getattr(default.sparkContext, "_jsc", None) is not None else None
 
 
@@ -95,6 +98,15 @@ def get_session(options: SparkOptions, defaults: dict[str, str] | None = None) -
     active = active_session()
     if active is not None:
         return active
+    if not defaults and not getattr(options, "spark_remote", None):
+        # A session the user made, in another thread than this job's: without this, the
+        # job asked for a new one with sparkbeam's settings, and `getOrCreate` applied them
+        # to the user's (its shuffle partitions and adaptive execution changed under it).
+        # Not for the job server (`defaults`), whose jobs bring their own SQL settings to
+        # its session, nor under --spark_remote, which such a session cannot serve.
+        users = _users_session()
+        if users is not None:
+            return users
     return _STARTS.run(lambda: active_session() or _start(options, defaults or {}))
 
 
