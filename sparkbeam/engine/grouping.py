@@ -28,11 +28,9 @@ triggers keep Beam's driver (`TriggerDriverGrouper`); `Grouping.by_window` (chos
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from apache_beam.coders import coders
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
 from apache_beam.runners.portability.fn_api_runner.execution import GroupingBuffer
 from apache_beam.transforms.timeutil import (
@@ -45,7 +43,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils import windowed_value
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
-from sparkbeam.engine.window_coders import faster_impl
+from sparkbeam.engine.window_coders import faster_impl, interval_window
 from sparkbeam.plan.model import Grouping
 
 # The one pane the default trigger gives a window in batch (see the module doc).
@@ -236,24 +234,6 @@ def _merge_run(run: list[tuple[int, int]], result: tuple[int, int],
     for bounds in run:
         if bounds != result:
             result_of[bounds] = result
-
-
-_INTERVAL_IMPL = coders.IntervalWindowCoder().get_impl()
-_PACK_MILLIS = struct.Struct(">Q").pack
-_U64 = (1 << 64) - 1
-
-
-def interval_window(start: int, end: int) -> IntervalWindow:
-    """Beam's IntervalWindow [start, end) in micros. Bounds at whole milliseconds (all that
-    Beam's IntervalWindowCoder keeps, so every merge of decoded windows) are decoded as that
-    coder decodes them, with no Timestamp objects (~2.5 µs with them); others are built from
-    Timestamps."""
-    if start % 1000 or end % 1000:
-        return IntervalWindow(Timestamp(micros=start), Timestamp(micros=end))
-    out = create_OutputStream()
-    out.write(_PACK_MILLIS((end // 1000 + (1 << 63)) & _U64))
-    out.write_var_int64(end // 1000 - start // 1000)
-    return _INTERVAL_IMPL.decode(out.get())
 
 
 def _output_micros(kind: str, window: Any, entries: list[tuple[Any, int]]) -> int | None:

@@ -23,8 +23,9 @@ import struct
 from typing import Any
 
 from apache_beam.coders import coder_impl, coders
+from apache_beam.coders.coder_impl import create_OutputStream
 from apache_beam.transforms.window import IntervalWindow
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
 _PACK_U64 = struct.Struct(">Q").pack
 _SHIFT = 1 << 63
@@ -38,6 +39,23 @@ def max_timestamp_bytes(end_micros: int) -> bytes:
     a microsecond, as TimestampCoderImpl's 8 bytes (milliseconds, floored, shifted by 2**63,
     big endian)."""
     return _PACK_U64((end_micros - 1) // 1000 + _SHIFT)
+
+
+_INTERVAL_IMPL = coders.IntervalWindowCoder().get_impl()
+
+
+def interval_window(start: int, end: int) -> IntervalWindow:
+    """Beam's IntervalWindow [start, end) in micros. Bounds at whole milliseconds (all that
+    Beam's IntervalWindowCoder keeps, so every merge of decoded windows) are decoded as that
+    coder decodes them, from its bytes (the end's milliseconds shifted by 2**63, then the
+    span's), with no Timestamp objects (~2.5 µs with them); others are built from
+    Timestamps."""
+    if start % 1000 or end % 1000:
+        return IntervalWindow(Timestamp(micros=start), Timestamp(micros=end))
+    out = create_OutputStream()
+    out.write(_PACK_U64(end // 1000 + _SHIFT))
+    out.write_var_int64(end // 1000 - start // 1000)
+    return _INTERVAL_IMPL.decode(out.get())
 
 
 class _PrefixedIntervalImpl(coder_impl.StreamCoderImpl):

@@ -13,12 +13,8 @@ from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkbeam.engine.grouping import (
-    ByWindowGrouper,
-    TriggerDriverGrouper,
-    grouper_for,
-    interval_window,
-)
+from sparkbeam.engine.grouping import ByWindowGrouper, TriggerDriverGrouper, grouper_for
+from sparkbeam.engine.window_coders import interval_window
 from sparkbeam.plan.grouping_paths import groups_by_window
 from sparkbeam.plan.model import Grouping
 
