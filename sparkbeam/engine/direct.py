@@ -41,6 +41,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import Columns
+from sparkbeam.engine.bundles import Bundle
 from sparkbeam.engine.direct_sessions import (
     encode_into_sessions,
     sessions_gap,
@@ -54,10 +55,13 @@ from sparkbeam.engine.direct_steps import (
     timestamp_bytes,
     with_views,
 )
+from sparkbeam.engine.direct_writes import BundleWrites, WriteFailed
 from sparkbeam.engine.program import OutRow
 from sparkbeam.plan.direct_paths import (
     ASSIGN_WINDOWS,
+    COMBINE_PHASES,
     call_of,
+    is_bundle_write,
     loaded_dofn,
     side_inputs_of,
     window_into_fn,
@@ -67,6 +71,9 @@ from sparkbeam.plan.model import Stage
 from sparkbeam.plan.native_text import wire_prefix
 
 _GLOBAL = GlobalWindows.windowed_value(None)  # what PGBKCVOperation outputs in
+# A batch decoded: its values, their windowed values, and each value's index among those
+# (None: all have the first's).
+Decoded = tuple[list[Any], list[WindowedValue], list[int] | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +121,8 @@ class DirectProgram:
         self.line_window: WindowedValue | None = None
         if self.line_prefix is not None:
             self.line_window = self.in_impl.decode_nested(self.line_prefix + b"\x00")
-        steps = []
+        steps: list[Step] = []
+        self.writes: int | None = None  # the index of the step writing a file's bundles
         side_coders = {(u.transform_id, u.tag): u.coder_id for u in stage.side_inputs}
         for n, (tid, _) in enumerate(chain.steps):
             transform = descriptor.transforms[tid]
@@ -122,22 +130,37 @@ class DirectProgram:
                 steps.append(Step(tid, transform.unique_name, no_process, 0, (), {},
                                    window_into=window_into_fn(transform, ctx)))
                 continue
+            if transform.spec.urn in COMBINE_PHASES:
+                payload = beam_runner_api_pb2.CombinePayload.FromString(transform.spec.payload)
+                phase = combiners.PhasedCombineFnExecutor(
+                    COMBINE_PHASES[transform.spec.urn],
+                    core.CombineFn.from_runner_api(payload.combine_fn, ctx), [], {})
+                steps.append(Step(tid, transform.unique_name, no_process, 0, (), {},
+                                  phase=phase))
+                continue
             dofn, args, kwargs, _, windowing = loaded_dofn(transform)[:5]
             if windowing is None:  # as Beam's bundle processor: the input's windowing
                 windowing = ctx.windowing_strategies.get_by_id(descriptor.pcollections[
                     chain.pcollections[n]].windowing_strategy_id)
             sides = side_inputs_of(
                 beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload))
-            call = call_of(dofn, args, kwargs, len(sides))
+            call = call_of(dofn, args, kwargs, len(sides), windows=True)
             if call is None:  # planning checked this on the same DoFn
                 raise AssertionError(f"{transform.unique_name}: not a direct function")
-            at, args, kwargs = call
+            at, args, kwargs, window_at = call
+            if is_bundle_write(dofn):
+                self.writes = len(steps)
             steps.append(Step(
                 tid, transform.unique_name, dofn.process, at, tuple(args), kwargs,
                 wrapped_fn(dofn.process),
                 tuple((tag, data, ctx.coders[side_coders[(tid, tag)]]) for tag, data in sides),
-                windowing.windowfn))
+                windowing.windowfn, window_at=window_at))
         self.steps = tuple(steps)
+        # The last step writes a file write's bundles (`engine/direct_writes.py`).
+        if self.writes is not None and self.writes != len(steps) - 1:
+            raise AssertionError(f"{stage.display}: a file write's bundles not last")
+        # Set up and torn down around each task, as Beam's `CombineOperation` does its fn.
+        self.phases = tuple(step.phase for step in steps if step.phase is not None)
         self.combine: _Combine | None = None
         if chain.combine:
             transform = descriptor.transforms[chain.combine]
@@ -168,10 +191,16 @@ class DirectRun:
     """One task of a direct stage: batches in, rows and monitoring infos out."""
 
     def __init__(self, program: DirectProgram,
-                 side_inputs: dict[bytes, list[bytes]] | None = None) -> None:
+                 side_inputs: dict[bytes, list[bytes]] | None = None,
+                 bundle_size: int = 1 << 62, bundle_bytes: int = 1 << 62) -> None:
         self.program = program
-        self.steps = tuple(with_views(step, side_inputs or {}) if step.sides else step
-                           for step in program.steps)
+        steps = tuple(with_views(step, side_inputs or {}) if step.sides else step
+                      for step in program.steps)
+        self.writes: BundleWrites | None = None
+        if program.writes is not None:
+            self.writes = BundleWrites(steps[-1], bundle_size, bundle_bytes)
+            steps = steps[:-1]
+        self.steps = steps
         self.table: dict[Any, Any] = {}  # key -> [accumulator], or an inline int
         self.infos: list[metrics_pb2.MonitoringInfo] = []
         self.counts = [0] * len(program.pcollections)
@@ -181,19 +210,23 @@ class DirectRun:
         layout = program.window_layout
         self.sessions_last = (
             (self.steps[-1], gap, layout) if gap is not None and layout is not None
-            and program.combine is None and program.kv_impls is not None else None)
+            and program.combine is None and program.kv_impls is not None
+            and self.writes is None else None)
 
-    def run(self, columns: Iterator[Columns],
-            fallback: Callable[[Iterator[Columns]], Iterator[OutRow]]) -> Iterator[OutRow]:
-        """Every batch of `columns`; from the first one it cannot run, `fallback` runs the
-        rest (that batch included)."""
+    def run(self, columns: Iterator[Any], fallback: Callable[[Iterator[Any]], Iterator[OutRow]],
+            decode: Callable[[Any], Decoded] | None = None) -> Iterator[OutRow]:
+        """Every batch of `columns` (Arrow columns, or what `decode` decodes: a grouped stage's
+        bundles, `decode_grouped`); from the first one it cannot run, `fallback` runs the rest
+        (that batch included)."""
         combine = self.program.combine
         if combine is not None:
             combine.fn.setup()
+        for phase in self.program.phases:
+            phase.combine_fn.setup()
         try:
             for col in columns:
                 try:
-                    rows = self._batch(col)
+                    rows = self._batch(col, decode or self._decode)
                 except Fallback as exc:
                     yield from self._flush()
                     yield from self._fall_back(col, columns, fallback, exc.__cause__)
@@ -204,6 +237,8 @@ class DirectRun:
             self.infos.extend(self._count_infos())
             if combine is not None:
                 combine.fn.teardown()
+            for phase in self.program.phases:
+                phase.combine_fn.teardown()
 
     def _fall_back(self, col: Columns, rest: Iterator[Columns],
                    fallback: Callable[[Iterator[Columns]], Iterator[OutRow]],
@@ -218,10 +253,10 @@ class DirectRun:
                 f"{lost.name}: add_input failed in the direct path but not in Beam's bundle "
                 f"processor; the task fails rather than lose values: {lost.__cause__!r}")
 
-    def _batch(self, col: Columns) -> list[OutRow]:
+    def _batch(self, col: Any, decode: Callable[[Any], Decoded]) -> list[OutRow]:
         program = self.program
         try:
-            values, wvs, src = self._decode(col)
+            values, wvs, src = decode(col)
         except Exception as exc:  # noqa: BLE001 - the bundle processor raises Beam's error
             raise Fallback() from exc
         counts = [len(values)]
@@ -256,9 +291,16 @@ class DirectRun:
                         values, src = apply_step(step, values, src, wvs)
                 counts.append(len(values))
                 rows = self._encode(values, src, wvs) if fast is None else fast
+            elif self.writes is not None:
+                with scope(self.writes.step.transform_id, self.writes.step.name):
+                    values, src = self.writes.write(values, src)
+                counts.append(len(values))
+                rows = self._encode(values, src, wvs)
+                if self.writes.full():
+                    rows.extend(self._finish_writes())
             else:
                 rows = self._encode(values, src, wvs)
-        except Fallback:
+        except (Fallback, WriteFailed):
             raise
         except Exception as exc:  # noqa: BLE001 - Beam's bundle processor raises it its way
             raise Fallback() from exc
@@ -270,7 +312,23 @@ class DirectRun:
             self.infos.extend(container.to_runner_api_monitoring_infos(transform_id).values())
         return rows
 
-    def _decode(self, col: Columns) -> tuple[list[Any], list[WindowedValue], list[int] | None]:
+    def decode_grouped(self, bundle: Bundle) -> Decoded:
+        """A grouped stage's bundle (`engine/bundles.py`): its grouped elements, decoded."""
+        stream = create_InputStream(b"".join(bundle.chunks.get(0, ())))
+        decode = self.program.in_impl.decode_from_stream
+        wvs = []
+        while stream.size() > 0:
+            wvs.append(decode(stream, True))
+        return [wv.value for wv in wvs], wvs, list(range(len(wvs)))
+
+    def _finish_writes(self) -> list[OutRow]:
+        """The open writer's file, handed on as Beam's `finish_bundle` hands it on."""
+        assert self.writes is not None
+        finished = self.writes.finish()
+        self.counts[-1] += len(finished)
+        return self._encode([wv.value for wv in finished], list(range(len(finished))), finished)
+
+    def _decode(self, col: Columns) -> Decoded:
         """The batch's values, their windowed values, and each value's index among those
         (None: all have the first's)."""
         program = self.program
@@ -468,6 +526,8 @@ class DirectRun:
     def _flush(self) -> list[OutRow]:
         rows = [self._output(key, self._accumulator(entry)) for key, entry in self.table.items()]
         self.table = {}
+        if self.writes is not None:
+            rows.extend(self._finish_writes())
         return rows
 
     def _output(self, key: Any, accumulator: Any) -> OutRow:

@@ -56,6 +56,11 @@ class Step:
     window_fn: Any = None
     # Set for a WindowInto step (no function): the WindowFn it assigns with.
     window_into: Any = None
+    # Where the element's one window goes in `args` (a DoFn taking `DoFn.WindowParam`).
+    window_at: tuple[int, ...] = ()
+    # Set for a combine phase after a GroupByKey: Beam's `PhasedCombineFnExecutor`, applied
+    # to each (key, values) as its `CombineOperation` applies it.
+    phase: Any = None
 
 
 def no_process(element: Any) -> None:
@@ -70,7 +75,11 @@ def apply_step(step: Step, values: list[Any], src: list[int] | None, wvs: list[W
     own, appended to `wvs`."""
     if step.window_into is not None:
         return _window_into(step.window_into, values, src, wvs)
-    out, out_src = _call(step, values, src)
+    if step.phase is not None:
+        apply = step.phase.apply
+        return [(key, apply(grouped)) for key, grouped in values], src
+    out, out_src = _call_windowed(step, values, src, wvs) if step.window_at else _call(
+        step, values, src)
     types = set(map(type, out))
     if any(issubclass(t, _SPECIAL) for t in types):
         if any(issubclass(t, _SPECIAL) and not issubclass(t, TimestampedValue) for t in types):
@@ -155,6 +164,32 @@ def _call(step: Step, values: list[Any], src: list[int] | None
         else:
             args[step.element_at] = value
             results = process(*args, **step.kwargs)
+        if results is None:
+            continue
+        for result in results:
+            out.append(result)
+            out_src.append(i)
+    return out, out_src
+
+
+def _call_windowed(step: Step, values: list[Any], src: list[int] | None,
+                   wvs: list[WindowedValue]) -> tuple[list[Any], list[int]]:
+    """`_call` of a DoFn taking its window: each element's one window in its arguments, as
+    Beam's `PerWindowInvoker` fills `DoFn.WindowParam` (an element in several windows, which
+    Beam calls once per window, goes to the bundle processor)."""
+    out: list[Any] = []
+    out_src: list[int] = []
+    process, at, kwargs = step.process, step.element_at, step.kwargs
+    args = list(step.args)
+    for k, value in enumerate(values):
+        i = 0 if src is None else src[k]
+        windows = wvs[i].windows
+        if len(windows) != 1:
+            raise Fallback()
+        for w in step.window_at:
+            args[w] = windows[0]
+        args[at] = value
+        results = process(*args, **kwargs)
         if results is None:
             continue
         for result in results:

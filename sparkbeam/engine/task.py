@@ -139,6 +139,9 @@ def _run_leased(
         else:
             bundles = plain_bundles(rows, spec.bundle_size, spec.bundle_bytes,
                                     always=not stage.inputs)
+        if program.direct is not None and stage.kind is StageKind.GROUPED:
+            yield from _run_direct_grouped(spec, run, bundles, side_inputs)
+            bundles = iter(())
         for bundle in bundles:
             yield from _run_bundle(run, bundle, splitter)
         yield from _drain_residuals(run, spec.bundle_size)
@@ -193,7 +196,7 @@ def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows,
     """The stage's functions called directly (`engine/direct.py`); the bundle processor takes
     over from the first batch they cannot run as Beam would."""
     assert run.program.direct is not None
-    direct = DirectRun(run.program.direct, side_inputs)
+    direct = DirectRun(run.program.direct, side_inputs, spec.bundle_size, spec.bundle_bytes)
 
     def general(columns: Iterator[Columns]) -> Iterator[OutRow]:
         for bundle in column_bundles(columns, spec.bundle_size, spec.bundle_bytes):
@@ -201,6 +204,24 @@ def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows,
 
     try:
         yield from direct.run(rows.columns(), general)
+    finally:
+        run.infos.extend(direct.infos)
+
+
+def _run_direct_grouped(spec: TaskSpec, run: StageRun, bundles: Iterator[Bundle],
+                        side_inputs: dict[bytes, list[bytes]]) -> Iterator[OutRow]:
+    """A grouped stage's functions called directly on its grouped elements, bundle by bundle
+    as the grouping cuts them; the bundle processor takes over from the first bundle they
+    cannot run as Beam would."""
+    assert run.program.direct is not None
+    direct = DirectRun(run.program.direct, side_inputs, spec.bundle_size, spec.bundle_bytes)
+
+    def general(rest: Iterator[Bundle]) -> Iterator[OutRow]:
+        for bundle in rest:
+            yield from _run_bundle(run, bundle, None)
+
+    try:
+        yield from direct.run(bundles, general, direct.decode_grouped)
     finally:
         run.infos.extend(direct.infos)
 

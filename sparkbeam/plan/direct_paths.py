@@ -18,6 +18,16 @@ global window, and passes the same view to every element (`is_globally_windowed`
 combiner (`CombinePerKey`'s pre-combine) may end the chain under the default windowing, where
 Beam's `PGBKCVOperation` keeps one accumulator per key.
 
+A grouped stage (it reads a GroupByKey's output) qualifies too: its grouped elements, decoded
+bundle by bundle as the grouping cuts them, go through the same steps. There a step may also be
+a combine phase (CombineValues, a lifted combiner's merge and extract), run per grouped element
+by Beam's own `PhasedCombineFnExecutor`, as its `CombineOperation` runs it. In either kind of
+stage a step may be a DoFn of the user's whose `process` takes the element and its window
+(`DoFn.WindowParam`) and nothing else, with no bundle or set-up methods of its own (Beam calls
+it once per window, so an element in several windows hands over), and the last step may be
+Beam's `_WriteBundleDoFn` of a `FileBasedSink`: every `WriteToText`'s and `WriteToParquet`'s
+`WriteBundles` (`engine/direct_writes.py`).
+
 A WindowInto (`beam:transform:window_into:v1`) is a step too: Beam's bundle processor runs it
 as a DoFn assigning each element's windows at its timestamp. A `TimestampedValue` result gets
 the windows its ParDo's WindowFn assigns, as Beam's output handler gives it.
@@ -43,13 +53,22 @@ from sparkbeam.plan.model import DirectChain, Plan, Stage, StageKind, runs_embed
 
 _PICKLED_DOFN = "beam:dofn:pickled_python_info:v1"
 _PRECOMBINE = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+#: The combine phases Beam's bundle processor runs after a GroupByKey, each a
+#: `CombineOperation` of Beam's `PhasedCombineFnExecutor` in that phase, per grouped element.
+COMBINE_PHASES = {
+    common_urns.combine_components.COMBINE_GROUPED_VALUES.urn: "all",
+    common_urns.combine_components.COMBINE_PER_KEY_MERGE_ACCUMULATORS.urn: "merge",
+    common_urns.combine_components.COMBINE_PER_KEY_EXTRACT_OUTPUTS.urn: "extract",
+}
+# What a ParDo step is to the direct path (`par_do_kind`).
+FUNCTION, WINDOW_DOFN, WRITE = "function", "window", "write"
 ASSIGN_WINDOWS = urns.ASSIGN_WINDOWS  # re-exported for the engine's direct path
 _NOTHING = "no function to call"
 
 
 def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
     """The chain `stage` runs directly, or None and why not."""
-    if stage.kind is not StageKind.PLAIN:
+    if stage.kind not in (StageKind.PLAIN, StageKind.GROUPED):
         return None, f"a {stage.kind.value} stage"
     if len(stage.inputs) != 1 or len(stage.outputs) != 1:
         return None, "not one input and one output"
@@ -67,6 +86,7 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
     pcolls = [pcoll]
     steps: list[tuple[str, str]] = []
     combine: str | None = None
+    writes: str | None = None
     while True:
         after = consumers.get(pcoll, [])
         if len(after) != 1:
@@ -79,7 +99,15 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
             break
         if combine is not None:
             return None, f"'{transform.unique_name}' follows the lifted combiner"
-        if transform.spec.urn == _PRECOMBINE:
+        if writes is not None:
+            return None, f"'{transform.unique_name}' follows a file write's bundles"
+        if transform.spec.urn in COMBINE_PHASES:
+            if stage.kind is not StageKind.GROUPED:
+                return None, f"'{transform.unique_name}' combines outside a grouped stage"
+            problem = _combine_problem(transform)
+            if problem:
+                return None, f"'{transform.unique_name}' {problem}"
+        elif transform.spec.urn == _PRECOMBINE:
             if not _default_windowing(descriptor, pcoll):
                 return None, f"'{transform.unique_name}' combines under non-default windowing"
             combine = tid
@@ -88,9 +116,11 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
             if problem:
                 return None, f"'{transform.unique_name}' {problem}"
         else:
-            problem = _par_do_problem(transform)
+            kind, problem = par_do_kind(transform)
             if problem:
                 return None, f"'{transform.unique_name}' {problem}"
+            if kind == WRITE:
+                writes = tid
         if len(transform.outputs) != 1:
             return None, f"'{transform.unique_name}' has several outputs"
         if combine != tid:
@@ -104,11 +134,11 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
 
 
 def with_direct_chains(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
-    """`plan` with each qualifying stage's `direct` chain set, and one line per plain stage
-    saying which path it takes and why."""
+    """`plan` with each qualifying stage's `direct` chain set, and one line per plain or
+    grouped stage saying which path it takes and why."""
     stages, lines = [], []
     for stage in plan.stages:
-        if stage.kind is not StageKind.PLAIN:
+        if stage.kind not in (StageKind.PLAIN, StageKind.GROUPED):
             stages.append(stage)
             continue
         chain, why = direct_chain(stage)
@@ -117,18 +147,40 @@ def with_direct_chains(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
             continue  # the runner's own stage (a read's, a flatten's): nothing to say
         if chain is not None:
             lines.append(f"{stage.description}: functions called directly, without Beam's "
-                         "bundle processor (Map/FlatMap/Filter"
-                         + (", WindowInto" if _assigns_windows(stage, chain) else "")
-                         + (", global side inputs" if stage.side_inputs else "")
-                         + (", lifted combiner)" if chain.combine else ")"))
+                         f"bundle processor ({', '.join(_chain_parts(stage, chain))})")
         else:
             lines.append(f"{stage.description}: Beam's bundle processor ({why})")
     return dataclasses.replace(plan, stages=tuple(stages)), tuple(lines)
 
 
-def _assigns_windows(stage: Stage, chain: DirectChain) -> bool:
+def _chain_parts(stage: Stage, chain: DirectChain) -> list[str]:
+    """What a direct chain calls, for its plan line."""
     descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
-    return any(descriptor.transforms[tid].spec.urn == ASSIGN_WINDOWS for tid, _ in chain.steps)
+    kinds = set()
+    for tid, _ in chain.steps:
+        transform = descriptor.transforms[tid]
+        if transform.spec.urn == ASSIGN_WINDOWS:
+            kinds.add("into")
+        elif transform.spec.urn in COMBINE_PHASES:
+            kinds.add("phase")
+        else:
+            kinds.add(par_do_kind(transform)[0])
+    parts = ["grouped values"] if stage.kind is StageKind.GROUPED else []
+    if FUNCTION in kinds or not kinds & {WINDOW_DOFN, WRITE, "phase"}:
+        parts.append("Map/FlatMap/Filter")
+    if "phase" in kinds:
+        parts.append("CombineFn phases")
+    if WINDOW_DOFN in kinds:
+        parts.append("DoFns taking their window")
+    if "into" in kinds:
+        parts.append("WindowInto")
+    if stage.side_inputs:
+        parts.append("global side inputs")
+    if WRITE in kinds:
+        parts.append("file writes")
+    if chain.combine:
+        parts.append("lifted combiner")
+    return parts
 
 
 def window_into_fn(transform: beam_runner_api_pb2.PTransform, context: Any) -> Any:
@@ -158,13 +210,15 @@ def loaded_dofn(transform: beam_runner_api_pb2.PTransform) -> Any:
     return pickler.loads(payload.do_fn.payload)
 
 
-def call_of(dofn: Any, args: Any = (), kwargs: Any = None, sides: int = 0
-            ) -> tuple[int, list[Any], dict[str, Any]] | None:
+def call_of(dofn: Any, args: Any = (), kwargs: Any = None, sides: int = 0, *,
+            windows: bool = False
+            ) -> tuple[int, list[Any], dict[str, Any], tuple[int, ...]] | None:
     """How Beam's invoker calls this DoFn's process on an element: (the element's position in
     the positional arguments, those arguments, keyword arguments; Beam's `ArgumentPlaceholder`s
     where the `sides` side inputs' views go), worked out by Beam's own `_get_arg_placeholders`
-    as its `PerWindowInvoker` does; None when it fills in anything but the element (a window,
-    timestamp, key, pane...) or the side inputs do not fill the placeholders."""
+    as its `PerWindowInvoker` does, and where the element's window goes (`windows`: a
+    `DoFn.WindowParam` may be filled in); None when it fills in anything else (a timestamp,
+    key, pane...) or the side inputs do not fill the placeholders."""
     from apache_beam.internal.util import ArgumentPlaceholder
     from apache_beam.runners import common
     from apache_beam.transforms import core
@@ -172,10 +226,12 @@ def call_of(dofn: Any, args: Any = (), kwargs: Any = None, sides: int = 0
     args, kwargs = list(args or ()), dict(kwargs or {})
     signature = common.DoFnSignature(dofn)
     if not signature.process_method.defaults and not args and not kwargs and not sides:
-        return 0, [None], {}  # Beam's SimpleInvoker: process(element)
+        return 0, [None], {}, ()  # Beam's SimpleInvoker: process(element)
     placeholders, full, named = common._get_arg_placeholders(  # noqa: SLF001 - Beam's rule
         signature.process_method, args, kwargs)
     filled = [a for a in [*full, *named.values()] if isinstance(a, ArgumentPlaceholder)]
+    window_at = tuple(i for i, p in placeholders if windows and p == core.DoFn.WindowParam)
+    placeholders = [(i, p) for i, p in placeholders if i not in window_at]
     if (len(placeholders) != 1 or placeholders[0][1] != core.DoFn.ElementParam
             or len(filled) != sides
             or any(isinstance(a, core._DoFnParam) for a in full)  # noqa: SLF001
@@ -183,37 +239,96 @@ def call_of(dofn: Any, args: Any = (), kwargs: Any = None, sides: int = 0
         return None
     at = placeholders[0][0]
     full[at] = None
-    return at, list(full), dict(named)
+    for i in window_at:
+        full[i] = None
+    return at, list(full), dict(named), window_at
 
 
-def _par_do_problem(transform: beam_runner_api_pb2.PTransform) -> str:
-    """Why Beam would not call this transform's function with the element alone ("" if it
-    would)."""
+def par_do_kind(transform: beam_runner_api_pb2.PTransform) -> tuple[str, str]:
+    """What the direct path makes of a ParDo, and why it cannot ("" if it can): Beam's own
+    Map/FlatMap/Filter wrapper of a function (`FUNCTION`), a DoFn of the user's whose `process`
+    takes the element and its window alone and which has no bundle or set-up methods of its own
+    (`WINDOW_DOFN`: Beam's invoker then calls it once per element, its one window filled in), or
+    Beam's own `_WriteBundleDoFn` of a `FileBasedSink` (`WRITE`, `engine/direct_writes.py`)."""
     from apache_beam.transforms.core import CallableWrapperDoFn
 
     if transform.spec.urn != common_urns.primitives.PAR_DO.urn:
-        return f"is not a ParDo ({transform.spec.urn})"
+        return "", f"is not a ParDo ({transform.spec.urn})"
     payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
     if payload.do_fn.urn != _PICKLED_DOFN:
-        return f"is a DoFn of {payload.do_fn.urn}"
+        return "", f"is a DoFn of {payload.do_fn.urn}"
     if (payload.state_specs or payload.timer_family_specs
             or payload.restriction_coder_id or payload.requests_finalization
             or payload.requires_stable_input or payload.requires_time_sorted_input):
-        return "uses state, timers, splitting or finalization"
+        return "", "uses state, timers, splitting or finalization"
     try:
         dofn, args, kwargs = loaded_dofn(transform)[:3]
         sides = side_inputs_of(payload)
     except Exception as exc:  # noqa: BLE001 - any failure to load keeps the general path
-        return f"has a DoFn that cannot be loaded here ({type(exc).__name__})"
-    if type(dofn) is not CallableWrapperDoFn:
-        return f"runs {type(dofn).__name__}, not a Map/FlatMap/Filter function"
+        return "", f"has a DoFn that cannot be loaded here ({type(exc).__name__})"
     for tag, data in sides:
         if data.access_pattern not in (urns.SIDE_ITERABLE, urns.SIDE_MULTIMAP):
-            return f"reads side input {tag} by {data.access_pattern}"
+            return "", f"reads side input {tag} by {data.access_pattern}"
         if not globally_windowed(data):
-            return f"reads side input {tag} per window"
-    if call_of(dofn, args, kwargs, len(sides)) is None:
-        return "has a function taking Beam's DoFn parameters (window, timestamp...)"
+            return "", f"reads side input {tag} per window"
+    if is_bundle_write(dofn):
+        if len(sides) != 1 or kwargs or call_of(dofn, args, kwargs, 1) is None:
+            return "", "writes files with arguments other than its initialisation's"
+        return WRITE, ""
+    if type(dofn) is CallableWrapperDoFn:
+        call = call_of(dofn, args, kwargs, len(sides), windows=True)
+        if call is None:
+            return "", "has a function taking Beam's DoFn parameters (window, timestamp...)"
+        return (WINDOW_DOFN if call[3] else FUNCTION), ""
+    own = _own_methods(dofn)
+    if own is None:
+        return "", f"runs {type(dofn).__name__}, not a Map/FlatMap/Filter function"
+    if own:
+        return "", f"runs {type(dofn).__name__}, whose {own} Beam would call around bundles"
+    call = call_of(dofn, args, kwargs, len(sides), windows=True)
+    if call is None or not call[3]:
+        return "", (f"runs {type(dofn).__name__}, not a Map/FlatMap/Filter function nor a DoFn "
+                    "taking only its element and window")
+    return WINDOW_DOFN, ""
+
+
+def _own_methods(dofn: Any) -> str | None:
+    """The life-cycle methods a user's DoFn defines ("" for none), or None for a DoFn of
+    Beam's own (whose other methods may matter), a wrapper or a batched DoFn."""
+    from apache_beam.transforms import core
+
+    cls = type(dofn)
+    if (not isinstance(dofn, core.DoFn) or cls.__module__.startswith("apache_beam.")
+            or cls.process is core.DoFn.process):
+        return None
+    if cls.process_batch is not core.DoFn.process_batch:
+        return None
+    names = ("setup", "start_bundle", "finish_bundle", "teardown")
+    return ", ".join(n for n in names if getattr(cls, n) is not getattr(core.DoFn, n))
+
+
+def is_bundle_write(dofn: Any) -> bool:
+    """Whether `dofn` is exactly Beam's `_WriteBundleDoFn` of a `FileBasedSink` whose records
+    are written as `FileBasedSink.write_record` writes them (its coder, then
+    `write_encoded_record`)."""
+    from apache_beam.io import filebasedsink, iobase
+
+    sink = getattr(dofn, "sink", None)
+    return (type(dofn) is iobase._WriteBundleDoFn  # noqa: SLF001 - Beam's own, by identity
+            and isinstance(sink, filebasedsink.FileBasedSink)
+            and type(sink).write_record is filebasedsink.FileBasedSink.write_record
+            and type(sink).open_writer is filebasedsink.FileBasedSink.open_writer)
+
+
+def _combine_problem(transform: beam_runner_api_pb2.PTransform) -> str:
+    from apache_beam.runners.pipeline_context import PipelineContext
+    from apache_beam.transforms import core
+
+    try:
+        payload = beam_runner_api_pb2.CombinePayload.FromString(transform.spec.payload)
+        core.CombineFn.from_runner_api(payload.combine_fn, PipelineContext())
+    except Exception as exc:  # noqa: BLE001 - any failure to load keeps the general path
+        return f"has a CombineFn that cannot be loaded here ({type(exc).__name__})"
     return ""
 
 

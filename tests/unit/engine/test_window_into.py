@@ -101,7 +101,9 @@ def test_the_plan_says_which_window_intos_it_rewrote() -> None:
 
 def test_direct_stages_and_other_sdk_workers_keep_beams_window_into() -> None:
     p = beam.Pipeline()
-    _ = (p | beam.Create([(1, 2)]) | beam.GroupByKey() | "Flat" >> beam.FlatMap(lambda kv: kv[1])
+    # A function taking its timestamp keeps the grouped stage on the bundle processor.
+    _ = (p | beam.Create([(1, 2)]) | beam.GroupByKey()
+         | "Flat" >> beam.FlatMap(lambda kv, t=beam.DoFn.TimestampParam: kv[1])
          | "Global" >> beam.WindowInto(window.GlobalWindows()) | beam.Map(lambda v: (v, v))
          | "Again" >> beam.GroupByKey())
     plan = plan_batch(p.to_runner_api())
