@@ -13,8 +13,9 @@ holds is cut inside the key, and that bundle does not close it.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -133,3 +134,42 @@ def keyed_bundles(rows: Iterable[Row], size: int, max_bytes: int,
     close_run()
     bundle.closes_keys = True
     yield bundle
+
+
+@dataclass
+class GroupedBatch:
+    """A direct grouped stage's bundle (`engine/direct.py`): its grouped elements as the
+    grouper made them, not encoded."""
+
+    elements: list[Any]  # WindowedValues of (key, values)
+
+    def bundle(self, encode: Callable[[Any], bytes]) -> Bundle:
+        """The same elements as the bundle processor takes them (`encode`: the grouper's)."""
+        return Bundle.of({0: [encode(e) for e in self.elements]}, closes_keys=True)
+
+
+def grouped_batches(rows: Iterable[Row], size: int, max_bytes: int,
+                    group: Callable[[list[bytes]], list[Any]]) -> Iterator[GroupedBatch]:
+    """One GroupByKey input's rows, each key's together, grouped key by key (`group`) into
+    batches that end at a key boundary once they hold `size` keys or `max_bytes` of input, as
+    `keyed_bundles` cuts a grouped input's bundles (a key's grouped elements, one per window,
+    count once there)."""
+    batch: list[Any] = []
+    taken = keys = 0
+    current: bytes | None = None
+    run: list[bytes] = []
+    for _n, key, value in rows:
+        if run and key != current:
+            batch.extend(group(run))
+            run = []
+            keys += 1
+            if keys >= size or taken >= max_bytes:
+                yield GroupedBatch(batch)
+                batch, taken, keys = [], 0, 0
+        current = key
+        run.append(value)
+        taken += len(value)
+    if run:
+        batch.extend(group(run))
+    if batch:
+        yield GroupedBatch(batch)

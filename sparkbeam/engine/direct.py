@@ -21,6 +21,7 @@ rather than lose the dropped values.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,11 +38,11 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import combiners, core
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.counters import CounterFactory
-from apache_beam.utils.windowed_value import WindowedValue
+from apache_beam.utils.windowed_value import WindowedValue, create
 
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import Columns
-from sparkbeam.engine.bundles import Bundle
+from sparkbeam.engine.bundles import Bundle, GroupedBatch
 from sparkbeam.engine.direct_sessions import (
     encode_into_sessions,
     sessions_gap,
@@ -56,6 +57,7 @@ from sparkbeam.engine.direct_steps import (
     with_views,
 )
 from sparkbeam.engine.direct_writes import BundleWrites, WriteFailed
+from sparkbeam.engine.grouping import coded_micros
 from sparkbeam.engine.program import OutRow
 from sparkbeam.plan.direct_paths import (
     ASSIGN_WINDOWS,
@@ -154,7 +156,9 @@ class DirectProgram:
                 tid, transform.unique_name, dofn.process, at, tuple(args), kwargs,
                 wrapped_fn(dofn.process),
                 tuple((tag, data, ctx.coders[side_coders[(tid, tag)]]) for tag, data in sides),
-                windowing.windowfn, window_at=window_at))
+                windowing.windowfn, window_at=window_at,
+                check_output=(type(dofn) is not core.CallableWrapperDoFn
+                              and not inspect.isgeneratorfunction(dofn.process))))
         self.steps = tuple(steps)
         # The last step writes a file write's bundles (`engine/direct_writes.py`).
         if self.writes is not None and self.writes != len(steps) - 1:
@@ -295,9 +299,15 @@ class DirectRun:
                 with scope(self.writes.step.transform_id, self.writes.step.name):
                     values, src = self.writes.write(values, src)
                 counts.append(len(values))
-                rows = self._encode(values, src, wvs)
-                if self.writes.full():
-                    rows.extend(self._finish_writes())
+                try:  # the batch's records are written: no hand-over from here on
+                    rows = self._encode(values, src, wvs)
+                    if self.writes.full():
+                        rows.extend(self._finish_writes())
+                except WriteFailed:
+                    raise
+                except Exception as exc:
+                    raise WriteFailed(f"{self.writes.step.name}: handing on a bundle's file "
+                                      f"failed: {exc!r}") from exc
             else:
                 rows = self._encode(values, src, wvs)
         except (Fallback, WriteFailed):
@@ -319,6 +329,17 @@ class DirectRun:
         wvs = []
         while stream.size() > 0:
             wvs.append(decode(stream, True))
+        return [wv.value for wv in wvs], wvs, list(range(len(wvs)))
+
+    def decode_windowed(self, batch: GroupedBatch) -> Decoded:
+        """A grouped stage's batch as its grouper made it: its elements' timestamps as Beam's
+        coder gives them back (whole milliseconds), as the bundle processor would see them."""
+        wvs = []
+        for wv in batch.elements:
+            micros = wv.timestamp_micros
+            coded = coded_micros(micros)
+            wvs.append(wv if coded == micros else create(wv.value, coded, wv.windows,
+                                                          wv.pane_info))
         return [wv.value for wv in wvs], wvs, list(range(len(wvs)))
 
     def _finish_writes(self) -> list[OutRow]:

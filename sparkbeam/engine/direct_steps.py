@@ -25,9 +25,10 @@ from apache_beam.transforms.window import (
     WindowFn,
 )
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from apache_beam.utils.windowed_value import WindowedValue
+from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN, WindowedValue, create
 
 _GLOBAL_WINDOW = GlobalWindow()
+_IN_GLOBAL_WINDOW = (_GLOBAL_WINDOW,)  # shared: a tuple, never changed in place
 
 # Results Beam's output handler treats otherwise than wrapping them in the input's window.
 _SPECIAL = (TimestampedValue, WindowedValue, TaggedOutput)
@@ -58,6 +59,9 @@ class Step:
     window_into: Any = None
     # Where the element's one window goes in `args` (a DoFn taking `DoFn.WindowParam`).
     window_at: tuple[int, ...] = ()
+    # A user's DoFn whose `process` returns (not yields) its results: Beam's output handler
+    # refuses a str, bytes or dict result of it (`check_user_dofn_output`).
+    check_output: bool = False
     # Set for a combine phase after a GroupByKey: Beam's `PhasedCombineFnExecutor`, applied
     # to each (key, values) as its `CombineOperation` applies it.
     phase: Any = None
@@ -116,6 +120,16 @@ def _window_into(window_fn: Any, values: list[Any], src: list[int] | None,
     one window, assigned new windows at its timestamp, at the default pane. An element in
     no window or several goes to the bundle processor (Beam calls the assignment per window)."""
     value_src: list[int] = []
+    if type(window_fn) is GlobalWindows:
+        # Every element into the one global window at its own timestamp, the default pane:
+        # no Timestamp object (reading `wv.timestamp` makes one) and no assignment per element.
+        start = len(wvs)
+        for k, value in enumerate(values):
+            wv = wvs[0 if src is None else src[k]]
+            if len(wv.windows) != 1:
+                raise Fallback()
+            wvs.append(create(value, wv.timestamp_micros, _IN_GLOBAL_WINDOW, PANE_INFO_UNKNOWN))
+        return values, list(range(start, len(wvs)))
     for k, value in enumerate(values):
         wv = wvs[0 if src is None else src[k]]
         if len(wv.windows) != 1:
@@ -192,6 +206,8 @@ def _call_windowed(step: Step, values: list[Any], src: list[int] | None,
         results = process(*args, **kwargs)
         if results is None:
             continue
+        if step.check_output and isinstance(results, (str, bytes, dict)):
+            raise Fallback()  # the bundle processor raises Beam's TypeError
         for result in results:
             out.append(result)
             out_src.append(i)

@@ -39,7 +39,7 @@ from apache_beam.transforms.timeutil import (
     OutputAtLatestInputTimestampImpl,
 )
 from apache_beam.transforms.window import IntervalWindow, Sessions, TimestampCombiner, WindowFn
-from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils import windowed_value
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
@@ -108,6 +108,9 @@ class ByWindowGrouper:
         # Timestamps of a coarser precision, whose `max_timestamp()` is a whole unit of it
         # before the end, not a microsecond.
         micros_ends = self._sessions or not self._merging
+        # Its grouped elements' windows are what decoding them gives (decoded ones, or
+        # `_merged_sessions`' at whole milliseconds): a direct stage may take them unencoded.
+        self.exact_windows = micros_ends
         # Windows coded without Timestamp objects (`engine/window_coders.py`): decoding only
         # skips the max-timestamp prefix, so it is exact for any window.
         self._pre = faster_impl(ctx.coders[grouping.input_coder_id])
@@ -120,6 +123,21 @@ class ByWindowGrouper:
         self._stamp_kind = "" if kind == "end" and not micros_ends else kind
 
     def group(self, values: list[bytes]) -> list[bytes]:
+        grouped = self.grouped(values)
+        if not grouped:
+            return []
+        out = create_OutputStream()
+        for element in grouped:
+            self._post.encode_to_stream(element, out, True)
+        return [out.get()]
+
+    def encode(self, element: WindowedValue) -> bytes:
+        """One grouped element as `group` encodes it."""
+        return self._post.encode_nested(element)
+
+    def grouped(self, values: list[bytes]) -> list[WindowedValue]:
+        """One key's grouped elements, one per window, as `group` encodes them (a direct
+        grouped stage takes them so, `engine/direct.py`)."""
         stream = create_InputStream(b"".join(values))
         decode = self._pre.decode_from_stream
         # Entries by window, keyed by `_window_key` (an IntervalWindow's hash and equality go
@@ -152,8 +170,8 @@ class ByWindowGrouper:
                 into = self._merge(list(objects.values()))
                 if into:
                     windows, objects = _regroup(windows, objects, into)
-        out = create_OutputStream()
         stamp = self._stamp
+        out: list[WindowedValue] = []
         for at, entries in windows.items():
             window = objects[at]
             values = [value for value, _ in entries]
@@ -161,11 +179,10 @@ class ByWindowGrouper:
             if micros is None:
                 timestamp = stamp.merge(window, (
                     stamp.assign_output_time(window, Timestamp(micros=ts)) for _, ts in entries))
-                grouped = WindowedValue((key, values), timestamp, (window,), ON_TIME_PANE)
+                out.append(WindowedValue((key, values), timestamp, (window,), ON_TIME_PANE))
             else:
-                grouped = windowed_value.create((key, values), micros, (window,), ON_TIME_PANE)
-            self._post.encode_to_stream(grouped, out, True)
-        return [out.get()] if windows else []
+                out.append(windowed_value.create((key, values), micros, (window,), ON_TIME_PANE))
+        return out
 
     def _merge(self, windows: Iterable[Any]) -> dict[Any, Any]:
         """The window function's own `merge`: merged-away window -> its result."""
@@ -275,3 +292,19 @@ def _regroup(windows: dict[Any, list[tuple[Any, Any]]], objects: dict[Any, Any],
         merged.setdefault(at, []).extend(entries)
         merged_objects.setdefault(at, window)
     return merged, merged_objects
+
+
+def coded_micros(micros: int) -> int:
+    """An element's timestamp as Beam's `WindowedValueCoderImpl` gives it back once encoded
+    and decoded: whole milliseconds (rounded toward zero), Beam's bounds restored."""
+    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
+    millis = -(-clamped // 1000) if clamped < 0 else clamped // 1000
+    if millis <= -(abs(_MIN_MICROS) // 1000):
+        return _MIN_MICROS
+    if millis >= _MAX_MICROS // 1000:
+        return _MAX_MICROS
+    return millis * 1000
+
+
+_MIN_MICROS = MIN_TIMESTAMP.micros
+_MAX_MICROS = MAX_TIMESTAMP.micros

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,16 @@ from sparkbeam.engine.arrow import ArrowRows, Columns, rows_of
 from sparkbeam.engine.direct import DirectRun
 from sparkbeam.engine.direct_stateful import StatefulRun
 from sparkbeam.engine.keyed_columns import keyed_column_bundles
-from sparkbeam.engine.bundles import Bundle, Row, column_bundles, keyed_bundles, plain_bundles
+from sparkbeam.engine.bundles import (
+    Bundle,
+    GroupedBatch,
+    Row,
+    column_bundles,
+    grouped_batches,
+    keyed_bundles,
+    plain_bundles,
+)
+from sparkbeam.engine.grouping import ByWindowGrouper
 from sparkbeam.engine.program import Chunks, OutRow, program_for
 from sparkbeam.engine.run import StageRun
 from sparkbeam.engine.task_errors import error_payload
@@ -125,6 +134,9 @@ def _run_leased(
         if program.stateful is not None:
             yield from _run_direct_stateful(spec, run, rows)
             bundles = iter(())
+        elif program.direct is not None and stage.kind is StageKind.GROUPED:
+            yield from _run_direct_grouped(spec, run, rows, side_inputs)
+            bundles = iter(())
         elif stage.kind.keyed and program.column_groupings and isinstance(rows, ArrowRows):
             bundles = keyed_column_bundles(rows.batches, spec.bundle_size, spec.bundle_bytes,
                                            program.column_groupings)
@@ -139,9 +151,6 @@ def _run_leased(
         else:
             bundles = plain_bundles(rows, spec.bundle_size, spec.bundle_bytes,
                                     always=not stage.inputs)
-        if program.direct is not None and stage.kind is StageKind.GROUPED:
-            yield from _run_direct_grouped(spec, run, bundles, side_inputs)
-            bundles = iter(())
         for bundle in bundles:
             yield from _run_bundle(run, bundle, splitter)
         yield from _drain_residuals(run, spec.bundle_size)
@@ -208,20 +217,37 @@ def _run_direct(spec: TaskSpec, run: StageRun, rows: ArrowRows,
         run.infos.extend(direct.infos)
 
 
-def _run_direct_grouped(spec: TaskSpec, run: StageRun, bundles: Iterator[Bundle],
+def _run_direct_grouped(spec: TaskSpec, run: StageRun, rows: Iterable[Row],
                         side_inputs: dict[bytes, list[bytes]]) -> Iterator[OutRow]:
     """A grouped stage's functions called directly on its grouped elements, bundle by bundle
-    as the grouping cuts them; the bundle processor takes over from the first bundle they
-    cannot run as Beam would."""
-    assert run.program.direct is not None
-    direct = DirectRun(run.program.direct, side_inputs, spec.bundle_size, spec.bundle_bytes)
+    as the grouping cuts them: as the grouper makes them where their windows are what
+    decoding them gives (`ByWindowGrouper.exact_windows`), else encoded and decoded again.
+    The bundle processor takes over from the first bundle they cannot run as Beam would."""
+    program = run.program
+    assert program.direct is not None
+    direct = DirectRun(program.direct, side_inputs, spec.bundle_size, spec.bundle_bytes)
+    grouper = program.groupers.get(0)
+    encode: Any = None  # the grouper's, for batches it made
+    decode: Callable[[Any], Any]
+    if program.column_groupings and isinstance(rows, ArrowRows):
+        batches: Iterator[Any] = keyed_column_bundles(
+            rows.batches, spec.bundle_size, spec.bundle_bytes, program.column_groupings)
+        decode = direct.decode_grouped
+    elif isinstance(grouper, ByWindowGrouper) and grouper.exact_windows:
+        batches = grouped_batches(rows, spec.bundle_size, spec.bundle_bytes, grouper.grouped)
+        decode = direct.decode_windowed
+        encode = grouper.encode
+    else:
+        batches = keyed_bundles(rows, spec.bundle_size, spec.bundle_bytes, program.groupers)
+        decode = direct.decode_grouped
 
-    def general(rest: Iterator[Bundle]) -> Iterator[OutRow]:
-        for bundle in rest:
+    def general(rest: Iterator[Any]) -> Iterator[OutRow]:
+        for batch in rest:
+            bundle = batch.bundle(encode) if isinstance(batch, GroupedBatch) else batch
             yield from _run_bundle(run, bundle, None)
 
     try:
-        yield from direct.run(bundles, general, direct.decode_grouped)
+        yield from direct.run(batches, general, decode)
     finally:
         run.infos.extend(direct.infos)
 

@@ -25,8 +25,9 @@ by Beam's own `PhasedCombineFnExecutor`, as its `CombineOperation` runs it. In e
 stage a step may be a DoFn of the user's whose `process` takes the element and its window
 (`DoFn.WindowParam`) and nothing else, with no bundle or set-up methods of its own (Beam calls
 it once per window, so an element in several windows hands over), and the last step may be
-Beam's `_WriteBundleDoFn` of a `FileBasedSink`: every `WriteToText`'s and `WriteToParquet`'s
-`WriteBundles` (`engine/direct_writes.py`).
+Beam's `_WriteBundleDoFn` of a `FileBasedSink` that writes a record as `FileBasedSink` does:
+every `WriteToText`'s `WriteBundles` (`engine/direct_writes.py`; Parquet's and Avro's sinks write
+records their own way and keep the bundle processor).
 
 A WindowInto (`beam:transform:window_into:v1`) is a step too: Beam's bundle processor runs it
 as a DoFn assigning each element's windows at its timestamp. A `TimestampedValue` result gets
@@ -271,6 +272,10 @@ def par_do_kind(transform: beam_runner_api_pb2.PTransform) -> tuple[str, str]:
             return "", f"reads side input {tag} by {data.access_pattern}"
         if not globally_windowed(data):
             return "", f"reads side input {tag} per window"
+    if getattr(dofn, "_runtime_output_constraints", None):
+        return "", "has its outputs type-checked at run time (--performance_runtime_type_check)"
+    if _yields_batches(dofn):
+        return "", "yields batches (DoFn.yields_batches)"
     if is_bundle_write(dofn):
         if len(sides) != 1 or kwargs or call_of(dofn, args, kwargs, 1) is None:
             return "", "writes files with arguments other than its initialisation's"
@@ -290,6 +295,14 @@ def par_do_kind(transform: beam_runner_api_pb2.PTransform) -> tuple[str, str]:
         return "", (f"runs {type(dofn).__name__}, not a Map/FlatMap/Filter function nor a DoFn "
                     "taking only its element and window")
     return WINDOW_DOFN, ""
+
+
+def _yields_batches(dofn: Any) -> bool:
+    """Beam's own test of a DoFn whose `process` (or a FlatMap's function) yields batches."""
+    try:
+        return bool(dofn._process_yields_batches)  # noqa: SLF001 - Beam's property
+    except Exception:  # noqa: BLE001 - a DoFn Beam cannot tell: not ours to call
+        return True
 
 
 def _own_methods(dofn: Any) -> str | None:

@@ -15,6 +15,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms import window
+from apache_beam.typehints import typecheck
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +39,8 @@ def _decisions(build, args: list[str] | None = None) -> list[str]:  # type: igno
     p = beam.Pipeline(options=PipelineOptions(args or []))
     _ = (build(p) | "ToText" >> beam.Map(repr)
          | "WriteOut" >> beam.io.WriteToText(os.path.join(tempfile.mkdtemp(), "out")))
+    if "--performance_runtime_type_check" in (args or []):
+        p.visit(typecheck.PerformanceTypeCheckVisitor())  # what Pipeline.run does with it
     return list(prepare(p.to_runner_api(), p.options).decisions)
 
 
@@ -220,3 +223,51 @@ def test_spark_native_off_keeps_the_bundle_processor_for_grouped_stages() -> Non
     args = ["--spark_native=off"]
     assert not any(GROUPED in d for d in _decisions(build, args))
     assert run_and_collect(build, SparkRunner(), args) == run_and_collect(build, FnApiRunner())
+
+
+class ReturnsText(beam.DoFn):
+    """Returns a str, which Beam's output handler refuses from a user's DoFn."""
+
+    def process(self, kv, win=beam.DoFn.WindowParam):  # type: ignore[no-untyped-def]
+        return str(kv[0])
+
+
+def test_a_str_returned_by_a_users_dofn_is_beams_error() -> None:
+    pattern = _events([("a", 1, 1), ("bc", 2, 2)])
+
+    def build(p):  # type: ignore[no-untyped-def]
+        return (p | beam.io.ReadFromText(pattern) | beam.Map(_parse) | beam.GroupByKey()
+                | "Text" >> beam.ParDo(ReturnsText()))
+
+    assert any(d.startswith("Text,") and GROUPED in d for d in _decisions(build))
+    with pytest.raises(Exception, match=r"(?s)Returning a str from a ParDo.*Text"):
+        run_and_collect(build, SparkRunner())
+
+
+class Batches(beam.DoFn):
+    @beam.DoFn.yields_batches
+    def process(self, kv, win=beam.DoFn.WindowParam):  # type: ignore[no-untyped-def]
+        yield [len(kv[1])]
+
+    def infer_output_type(self, input_type):  # type: ignore[no-untyped-def]
+        return int
+
+
+def test_batch_yielding_and_runtime_checked_dofns_keep_the_bundle_processor() -> None:
+    pattern = _events([("a", 1, 1)])
+
+    def batches(p):  # type: ignore[no-untyped-def]
+        return (p | beam.io.ReadFromText(pattern) | beam.Map(_parse) | beam.GroupByKey()
+                | "Batches" >> beam.ParDo(Batches()))
+
+    assert any(d.startswith("Batches,") and "yields batches" in d
+               for d in _decisions(batches)), _decisions(batches)
+
+    def checked(p):  # type: ignore[no-untyped-def]
+        return (p | beam.io.ReadFromText(pattern) | beam.Map(_parse) | beam.GroupByKey()
+                | "Checked" >> beam.ParDo(WithWindow()).with_output_types(
+                    beam.typehints.Tuple[str, int]))
+
+    decisions = _decisions(checked, ["--performance_runtime_type_check"])
+    assert any(d.startswith("Checked,") and "type-checked at run time" in d
+               for d in decisions), decisions
