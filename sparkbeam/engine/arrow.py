@@ -1,7 +1,9 @@
 """Rows to and from Arrow record batches, the vehicle of every stage's input and output.
 
 Stage rows are (tag or input index, encoded key or None, encoded element); on the wire they are
-Arrow batches of three columns (int32, binary, binary), cut at 8192 rows or 16 MB.
+Arrow batches of three columns (int32, binary, binary), cut at 8192 rows or 16 MB. A text read's
+encoded lines are cut out of a batch's buffer as strings at once (`text_lines`, for the direct
+path).
 """
 from __future__ import annotations
 
@@ -92,3 +94,43 @@ def _batch(tags: list[int], keys: list[Any], values: list[bytes]) -> pa.RecordBa
         [pa.array(tags, pa.int32()), pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
         schema=OUT_ARROW,
     )
+
+
+def text_lines(col: Columns, prefix: bytes) -> list[str] | None:
+    """The strings of a batch of encoded lines (`prefix`, the UTF-8 length as a varint of up to
+    three bytes, the bytes), or None if an element is not one or is not valid UTF-8."""
+    n = len(col.inputs)
+    data = np.frombuffer(col.data, dtype=np.uint8)
+    starts = col.offsets[:-1]
+    total = np.diff(col.offsets) - len(prefix)
+    if n == 0 or total.min() < 1:
+        return None
+    if prefix:
+        head = data[starts[:, None] + np.arange(len(prefix))]
+        if not (head == np.frombuffer(prefix, dtype=np.uint8)).all():
+            return None
+    # The varint's width w solves w + length == total; its bytes must say that length.
+    width = np.where(total - 1 < 1 << 7, 1, np.where(total - 2 < 1 << 14, 2, 3))
+    length = total - width
+    if (length < 0).any() or (length >= 1 << 21).any():
+        return None
+    base = starts + len(prefix)
+    for k in range(3):
+        has = width > k
+        expected = (length >> (7 * k)) & 0x7F | np.where(width > k + 1, 0x80, 0)
+        if not (data[base[has] + k] == expected[has]).all():
+            return None
+    keep = np.ones(len(data), dtype=bool)
+    header = len(prefix) + width
+    for k in range(int(header.max())):
+        at = header > k
+        keep[starts[at] + k] = False
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(length, out=offsets[1:])
+    strings = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets),
+                                                pa.py_buffer(data[keep]))
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return strings.to_pylist()

@@ -26,8 +26,6 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from apache_beam.coders import coders
 from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.metrics import monitoring_infos
@@ -41,7 +39,7 @@ from apache_beam.utils.counters import CounterFactory
 from apache_beam.utils.windowed_value import WindowedValue, create
 
 from sparkbeam.engine import context
-from sparkbeam.engine.arrow import Columns
+from sparkbeam.engine.arrow import Columns, text_lines
 from sparkbeam.engine.bundles import Bundle, GroupedBatch
 from sparkbeam.engine.direct_sessions import (
     encode_into_sessions,
@@ -565,46 +563,6 @@ class DirectRun:
         return [monitoring_infos.int64_counter(monitoring_infos.ELEMENT_COUNT_URN, count,
                                                pcollection=pcoll)
                 for pcoll, count in counted if count]
-
-
-def text_lines(col: Columns, prefix: bytes) -> list[str] | None:
-    """The strings of a batch of encoded lines (`prefix`, the UTF-8 length as a varint of up to
-    three bytes, the bytes), or None if an element is not one or is not valid UTF-8."""
-    n = len(col.inputs)
-    data = np.frombuffer(col.data, dtype=np.uint8)
-    starts = col.offsets[:-1]
-    total = np.diff(col.offsets) - len(prefix)
-    if n == 0 or total.min() < 1:
-        return None
-    if prefix:
-        head = data[starts[:, None] + np.arange(len(prefix))]
-        if not (head == np.frombuffer(prefix, dtype=np.uint8)).all():
-            return None
-    # The varint's width w solves w + length == total; its bytes must say that length.
-    width = np.where(total - 1 < 1 << 7, 1, np.where(total - 2 < 1 << 14, 2, 3))
-    length = total - width
-    if (length < 0).any() or (length >= 1 << 21).any():
-        return None
-    base = starts + len(prefix)
-    for k in range(3):
-        has = width > k
-        expected = (length >> (7 * k)) & 0x7F | np.where(width > k + 1, 0x80, 0)
-        if not (data[base[has] + k] == expected[has]).all():
-            return None
-    keep = np.ones(len(data), dtype=bool)
-    header = len(prefix) + width
-    for k in range(int(header.max())):
-        at = header > k
-        keep[starts[at] + k] = False
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(length, out=offsets[1:])
-    strings = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets),
-                                                pa.py_buffer(data[keep]))
-    try:
-        strings.validate(full=True)
-    except pa.ArrowInvalid:
-        return None
-    return strings.to_pylist()
 
 
 class _LostTable(Exception):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from sparkbeam.engine.arrow import ArrowRows, columns_of
 from sparkbeam.engine.context import pipeline_context
-from sparkbeam.engine.direct import text_lines
+from sparkbeam.engine.arrow import text_lines
 from sparkbeam.plan.direct_paths import wrapped_fn
 from sparkbeam.engine.side_inputs import side_input_state
 from sparkbeam.engine.task import TaskSpec, run_stage_task
