@@ -50,12 +50,12 @@ from sparkbeam.engine.direct_steps import (
     Fallback,
     Step,
     apply_step,
+    coded_micros,
     no_process,
     timestamp_bytes,
     with_views,
 )
 from sparkbeam.engine.direct_writes import BundleWrites, WriteFailed
-from sparkbeam.engine.grouping import coded_micros
 from sparkbeam.engine.program import OutRow
 from sparkbeam.plan.direct_paths import (
     ASSIGN_WINDOWS,

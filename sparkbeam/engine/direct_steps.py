@@ -24,7 +24,7 @@ from apache_beam.transforms.window import (
     TimestampedValue,
     WindowFn,
 )
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN, WindowedValue, create
 
 _GLOBAL_WINDOW = GlobalWindow()
@@ -261,12 +261,28 @@ def with_views(step: Step, side_inputs: dict[bytes, list[bytes]]) -> Step:
 
 _PACK_U64 = struct.Struct(">Q").pack
 _MIN_MICROS = MIN_TIMESTAMP.micros
+_MAX_MICROS = MAX_TIMESTAMP.micros
+
+
+def _coded_millis(micros: int) -> int:
+    """What Beam's `WindowedValueCoderImpl` writes of an element's timestamp: its milliseconds
+    rounded toward zero, at least the minimum timestamp's."""
+    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
+    return -(-clamped // 1000) if clamped < 0 else clamped // 1000
 
 
 def timestamp_bytes(micros: int) -> bytes:
     """The first 8 bytes of Beam's `WindowedValueCoderImpl` encoding of an element at `micros`:
-    milliseconds rounded toward zero, at least the minimum timestamp's, shifted by 2**63, big
-    endian (what its `encode_to_stream` writes)."""
-    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
-    millis = -(-clamped // 1000) if clamped < 0 else clamped // 1000
-    return _PACK_U64(millis + (1 << 63))
+    `_coded_millis` shifted by 2**63, big endian (what its `encode_to_stream` writes)."""
+    return _PACK_U64(_coded_millis(micros) + (1 << 63))
+
+
+def coded_micros(micros: int) -> int:
+    """An element's timestamp as Beam's `WindowedValueCoderImpl` gives it back once encoded
+    and decoded: whole milliseconds (`_coded_millis`), Beam's bounds restored."""
+    millis = _coded_millis(micros)
+    if millis <= -(abs(_MIN_MICROS) // 1000):
+        return _MIN_MICROS
+    if millis >= _MAX_MICROS // 1000:
+        return _MAX_MICROS
+    return millis * 1000

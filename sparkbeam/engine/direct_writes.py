@@ -23,7 +23,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from apache_beam.io import filebasedsink
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -61,12 +60,11 @@ class BundleWrites:
                 if self.writer is None:
                     self.writer = self.sink.open_writer(self.init_result, str(uuid.uuid4()))
                     self.written = self.bytes = 0
+                # `FileBasedSink.open_writer`'s (`is_bundle_write`): a `FileBasedSinkWriter`,
+                # whose `write` is this with the record encoded again.
                 writer = self.writer
-                if type(writer) is filebasedsink.FileBasedSinkWriter:
-                    writer.num_records_written += 1  # what its `write` counts
-                    self.sink.write_encoded_record(writer.temp_handle, record)
-                else:
-                    writer.write(values[k])
+                writer.num_records_written += 1
+                self.sink.write_encoded_record(writer.temp_handle, record)
                 self.written += 1
                 self.bytes += len(record)
                 if writer.at_capacity():

@@ -39,7 +39,7 @@ from apache_beam.transforms.timeutil import (
     OutputAtLatestInputTimestampImpl,
 )
 from apache_beam.transforms.window import IntervalWindow, Sessions, TimestampCombiner, WindowFn
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
+from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils import windowed_value
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
@@ -293,18 +293,3 @@ def _regroup(windows: dict[Any, list[tuple[Any, Any]]], objects: dict[Any, Any],
         merged_objects.setdefault(at, window)
     return merged, merged_objects
 
-
-def coded_micros(micros: int) -> int:
-    """An element's timestamp as Beam's `WindowedValueCoderImpl` gives it back once encoded
-    and decoded: whole milliseconds (rounded toward zero), Beam's bounds restored."""
-    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
-    millis = -(-clamped // 1000) if clamped < 0 else clamped // 1000
-    if millis <= -(abs(_MIN_MICROS) // 1000):
-        return _MIN_MICROS
-    if millis >= _MAX_MICROS // 1000:
-        return _MAX_MICROS
-    return millis * 1000
-
-
-_MIN_MICROS = MIN_TIMESTAMP.micros
-_MAX_MICROS = MAX_TIMESTAMP.micros

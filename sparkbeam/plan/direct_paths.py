@@ -69,6 +69,19 @@ _NOTHING = "no function to call"
 
 def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
     """The chain `stage` runs directly, or None and why not."""
+    chain, why, _ = _chain_and_kinds(stage)
+    return chain, why
+
+
+def _chain_and_kinds(stage: Stage) -> tuple[DirectChain | None, str, set[str]]:
+    """`direct_chain`, and the kinds of step the chain has (a ParDo's `par_do_kind`, "into"
+    for a WindowInto, "phase" for a combine phase), for its plan line."""
+    kinds: set[str] = set()
+    chain, why = _walk(stage, kinds)
+    return chain, why, kinds
+
+
+def _walk(stage: Stage, kinds: set[str]) -> tuple[DirectChain | None, str]:
     if stage.kind not in (StageKind.PLAIN, StageKind.GROUPED):
         return None, f"a {stage.kind.value} stage"
     if len(stage.inputs) != 1 or len(stage.outputs) != 1:
@@ -108,6 +121,7 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
             problem = _combine_problem(transform)
             if problem:
                 return None, f"'{transform.unique_name}' {problem}"
+            kinds.add("phase")
         elif transform.spec.urn == _PRECOMBINE:
             if not _default_windowing(descriptor, pcoll):
                 return None, f"'{transform.unique_name}' combines under non-default windowing"
@@ -116,10 +130,12 @@ def direct_chain(stage: Stage) -> tuple[DirectChain | None, str]:
             problem = _window_into_problem(transform)
             if problem:
                 return None, f"'{transform.unique_name}' {problem}"
+            kinds.add("into")
         else:
             kind, problem = par_do_kind(transform)
             if problem:
                 return None, f"'{transform.unique_name}' {problem}"
+            kinds.add(kind)
             if kind == WRITE:
                 writes = tid
         if len(transform.outputs) != 1:
@@ -142,30 +158,20 @@ def with_direct_chains(plan: Plan) -> tuple[Plan, tuple[str, ...]]:
         if stage.kind not in (StageKind.PLAIN, StageKind.GROUPED):
             stages.append(stage)
             continue
-        chain, why = direct_chain(stage)
+        chain, why, kinds = _chain_and_kinds(stage)
         stages.append(dataclasses.replace(stage, direct=chain))
         if why == _NOTHING:
             continue  # the runner's own stage (a read's, a flatten's): nothing to say
         if chain is not None:
             lines.append(f"{stage.description}: functions called directly, without Beam's "
-                         f"bundle processor ({', '.join(_chain_parts(stage, chain))})")
+                         f"bundle processor ({', '.join(_chain_parts(stage, chain, kinds))})")
         else:
             lines.append(f"{stage.description}: Beam's bundle processor ({why})")
     return dataclasses.replace(plan, stages=tuple(stages)), tuple(lines)
 
 
-def _chain_parts(stage: Stage, chain: DirectChain) -> list[str]:
-    """What a direct chain calls, for its plan line."""
-    descriptor = beam_fn_api_pb2.ProcessBundleDescriptor.FromString(stage.descriptor)
-    kinds = set()
-    for tid, _ in chain.steps:
-        transform = descriptor.transforms[tid]
-        if transform.spec.urn == ASSIGN_WINDOWS:
-            kinds.add("into")
-        elif transform.spec.urn in COMBINE_PHASES:
-            kinds.add("phase")
-        else:
-            kinds.add(par_do_kind(transform)[0])
+def _chain_parts(stage: Stage, chain: DirectChain, kinds: set[str]) -> list[str]:
+    """What a direct chain calls (`kinds`, from `_chain_and_kinds`), for its plan line."""
     parts = ["grouped values"] if stage.kind is StageKind.GROUPED else []
     if FUNCTION in kinds or not kinds & {WINDOW_DOFN, WRITE, "phase"}:
         parts.append("Map/FlatMap/Filter")
