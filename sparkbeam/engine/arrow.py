@@ -7,7 +7,7 @@ path).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,14 @@ def binary_buffers(values: pa.Array) -> tuple[np.ndarray, memoryview]:
     return offsets.astype(np.int64) - start, data
 
 
+def arrow_rows(rows: list[tuple[int, Any, bytes]]) -> ArrowRows:
+    """Stage input rows held in a list as one Arrow batch, as a task would read them."""
+    inputs, keys, values = zip(*rows, strict=True) if rows else ((), (), ())
+    return ArrowRows(iter([pa.RecordBatch.from_arrays(
+        [pa.array(inputs, pa.int32()), pa.array(keys, pa.binary()),
+         pa.array(values, pa.binary())], names=["input", "key", "value"])]))
+
+
 def to_arrow_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:
     tags: list[int] = []
     keys: list[Any] = []
@@ -134,3 +142,62 @@ def text_lines(col: Columns, prefix: bytes) -> list[str] | None:
     except pa.ArrowInvalid:
         return None
     return strings.to_pylist()
+
+
+def encoded_lines(prefix: bytes) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """What turns a task's batches of Spark's text source (one string column of lines, each
+    cut at '\\n') into stage input batches (input 0, no key, the line's encoded element):
+    the one '\\r' that may end a line dropped, as Beam's reader drops it with the '\\n',
+    then `prefix`, the byte length as Beam's varint, the bytes. With NumPy over the batch's
+    buffers, no Python per line: the encoding in Spark's own expressions cost each job
+    ~60-100 ms of analysis and code generation in the driver (bench/ANALYSIS.md)."""
+    head = np.frombuffer(prefix, dtype=np.uint8)
+
+    def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            n = batch.num_rows
+            if not n:
+                continue
+            lines = batch.column(0)
+            if pa.types.is_string(lines.type) or pa.types.is_large_string(lines.type):
+                lines = lines.view(pa.large_binary() if pa.types.is_large_string(lines.type)
+                                   else pa.binary())
+            values = _encode_lines(lines, head)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(np.zeros(n, dtype=np.int32)), pa.nulls(n, pa.binary()), values],
+                names=["input", "key", "value"])
+
+    return encode
+
+
+def _encode_lines(lines: pa.Array, head: np.ndarray) -> pa.Array:
+    offsets, data = binary_buffers(lines)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    length = np.diff(offsets)
+    ends = offsets[1:]
+    cr = np.zeros(len(length), dtype=bool)
+    has = length > 0
+    cr[has] = raw[ends[has] - 1] == 13  # b"\r"
+    length = length - cr
+    width = np.ones(len(length), dtype=np.int64)
+    for k in range(1, 5):
+        width += length >= 1 << 7 * k
+    header = len(head) + width
+    out_offsets = np.zeros(len(length) + 1, dtype=np.int64)
+    np.cumsum(header + length, out=out_offsets[1:])
+    out = np.empty(int(out_offsets[-1]), dtype=np.uint8)
+    starts = out_offsets[:-1]
+    body = np.ones(len(out), dtype=bool)
+    for k, byte in enumerate(head):
+        out[starts + k] = byte
+        body[starts + k] = False
+    for k in range(int(width.max())):
+        at = width > k
+        where = starts[at] + len(head) + k
+        out[where] = (length[at] >> 7 * k) & 0x7F | np.where(width[at] > k + 1, 0x80, 0)
+        body[where] = False
+    keep = np.ones(len(raw), dtype=bool)
+    keep[ends[cr] - 1] = False
+    out[body] = raw[keep]
+    return pa.Array.from_buffers(pa.large_binary(), len(length),
+                                 [None, pa.py_buffer(out_offsets), pa.py_buffer(out)])

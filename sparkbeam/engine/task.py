@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbeam.control.lease import lease_worker
+from sparkbeam.control.lease import LeasedOnUse, lease_worker
 from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.control.worker import Worker
@@ -40,7 +40,7 @@ from sparkbeam.engine.bundles import (
     plain_bundles,
 )
 from sparkbeam.engine.grouping import ByWindowGrouper
-from sparkbeam.engine.program import Chunks, OutRow, program_for
+from sparkbeam.engine.program import Chunks, OutRow, StageProgram, program_for
 from sparkbeam.engine.run import StageRun
 from sparkbeam.engine.task_errors import error_payload
 from sparkbeam.engine.task_splits import TaskSplitter
@@ -90,16 +90,27 @@ def run_stage_task(
     stage = spec.stage
     key = AttemptKey(spec.job_id, stage.label, *attempt)
     reporter = MetricsReporter(spec.metrics_address, key) if spec.metrics_address else None
+    program = program_for(stage, spec.components, spec.groupings)
+
+    def lease() -> contextlib.AbstractContextManager[Worker]:
+        return lease_worker(
+            stage.descriptor, stage.environment, spec.pipeline_options,
+            spec.worker_connect_timeout_s, fresh=fresh_worker,
+            # The same stage in another job (same descriptor) reads other side inputs.
+            scope=spec.job_id if stage.side_inputs else "")
+
     with contextlib.ExitStack() as stack:
-        try:
-            worker = stack.enter_context(lease_worker(
-                stage.descriptor, stage.environment, spec.pipeline_options,
-                spec.worker_connect_timeout_s, fresh=fresh_worker,
-                # The same stage in another job (same descriptor) reads other side inputs.
-                scope=spec.job_id if stage.side_inputs else ""))
-        except SdkWorkerError as exc:
-            raise RuntimeError(error_payload(stage, exc, kind="worker")) from None
-        yield from _run_leased(spec, worker, rows, side_inputs, attempt, key, reporter)
+        worker: Worker
+        if program.direct is not None or program.stateful is not None:
+            worker = LeasedOnUse(stack, lease, side_inputs)  # only if the functions hand over
+        else:
+            try:
+                worker = stack.enter_context(lease())
+            except SdkWorkerError as exc:
+                raise RuntimeError(error_payload(stage, exc, kind="worker")) from None
+            worker.state.bind_side_inputs(side_inputs)
+        yield from _run_leased(spec, program, worker, rows, side_inputs, attempt, key,
+                               reporter)
 
 
 def report_infos(spec: TaskSpec, attempt: tuple[int, int, int], infos: list[Any],
@@ -113,6 +124,7 @@ def report_infos(spec: TaskSpec, attempt: tuple[int, int, int], infos: list[Any]
 
 def _run_leased(
     spec: TaskSpec,
+    program: StageProgram,
     worker: Worker,
     rows: Iterable[Row],
     side_inputs: dict[bytes, list[bytes]],
@@ -124,8 +136,6 @@ def _run_leased(
     forwarded: list[OutRow] = []
     if spec.forwards_metrics:
         rows = _without_metric_rows(rows, forwarded)
-    worker.state.bind_side_inputs(side_inputs)
-    program = program_for(stage, spec.components, spec.groupings)
     run = StageRun(program, worker, spec.bundle_size, reporter)
     try:
         splitter = (_splitter(spec, run, attempt)

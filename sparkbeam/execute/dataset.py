@@ -141,17 +141,22 @@ class Datasets:
         bytes, which are never decoded here."""
         if not paths:
             return self.empty()
-        # Spark's options to skip files it cannot read, off: Beam fails on them.
-        lines = (self.spark.read.option("lineSep", "\n").option("ignoreCorruptFiles", "false")
-                 .option("ignoreMissingFiles", "false")
-                 .text([f"file://{p}" for p in paths])
-                 .select(self._c.get(("line",), _line)))
+        lines = self.raw_lines(paths).select(self._c.get(("line",), _line))
         c = self._c
         # Built once per session (and prefix): the varint alone is ~60 Columns, ~0.04 s of
         # py4j calls a job.
         element = c.get(("text element", prefix), lambda: _text_element(prefix))
         return lines.select(c.get(("stripped line",), _stripped_line)).select(
             c.null_key(), element)
+
+    def raw_lines(self, paths: list[str]) -> DataFrame:
+        """The lines of local text files (at least one) as Spark's text source gives them:
+        one string column, each line cut at '\\n' (`engine/arrow.py`'s `encoded_lines` makes
+        elements of them in the reading stage's tasks)."""
+        # Spark's options to skip files it cannot read, off: Beam fails on them.
+        return (self.spark.read.option("lineSep", "\n").option("ignoreCorruptFiles", "false")
+                .option("ignoreMissingFiles", "false")
+                .text([f"file://{p}" for p in paths]))
 
     def encode_rows(self, df: DataFrame, prepare: BatchReader, name: str = "") -> DataFrame:
         """Any DataFrame's rows as a buffer: `prepare`, in each task, turns its Arrow batches

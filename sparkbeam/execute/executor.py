@@ -12,6 +12,7 @@ from typing import Any
 from apache_beam.portability.api import metrics_pb2
 from apache_beam.runners.common import ENCODED_IMPULSE_VALUE
 
+from sparkbeam.engine.arrow import arrow_rows, encoded_lines
 from sparkbeam.engine.context import pipeline_context
 from sparkbeam.engine.placement import driver_stages, gathered_once, shuffled_through
 from sparkbeam.engine.side_inputs import side_input_state
@@ -209,7 +210,9 @@ class Executor:
             o.buffer_id: run.materialised.get(o.buffer_id, []) for o in stage.outputs}
         metric_rows: list[tuple[bytes | None, bytes]] = []
         try:
-            for tag, key, value in run_stage_task(spec, rows, side or {}, DRIVER_ATTEMPT):
+            # As Arrow columns, as a task gets them: its functions may then run directly.
+            for tag, key, value in run_stage_task(spec, arrow_rows(rows), side or {},
+                                                  DRIVER_ATTEMPT):
                 if tag == METRICS_TAG:
                     metric_rows.append((key, bytes(value)))
                 else:
@@ -252,6 +255,15 @@ class Executor:
             stage_in, prepare = read_query(self.ds, run.plan.spark_reads[only.buffer_id],
                                            only.coder_id, run.plan.components)
             partitions = self.ds.parallelism  # a guess: the query decides
+        elif (only is not None and only.buffer_id in run.plan.text_reads
+              and stage.kind in _ARRANGE and _ARRANGE[stage.kind] is None):
+            # Spark's lines made elements by the stage's own tasks, as they read them: the
+            # encoding as Spark expressions cost the driver more than the tasks (ANALYSIS).
+            read = run.plan.text_reads[only.buffer_id]
+            if read.files:
+                stage_in, prepare = self.ds.raw_lines(list(read.files)), encoded_lines(
+                    read.prefix)
+                partitions = self.ds.file_partitions(read.total_bytes, len(read.files))
         for n, inp in enumerate(() if prepare is not None else stage.inputs):
             if inp.buffer_id == IMPULSE_BUFFER:
                 df = self.ds.impulse(ENCODED_IMPULSE_VALUE)

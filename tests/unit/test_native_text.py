@@ -145,3 +145,51 @@ def test_a_coder_that_writes_lines_otherwise_has_no_prefix() -> None:
     ctx = PipelineContext()
     pickled = coders.WindowedValueCoder(coders.PickleCoder(), GlobalWindowCoder())
     assert wire_prefix(ctx.coders.get_by_id(ctx.coders.get_id(pickled)).get_impl()) is None
+
+
+_LINE_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"),
+                     max_size=20)
+
+
+@given(lines=st.lists(st.tuples(
+    st.one_of(_LINE_TEXT, st.builds(lambda c, n: c * n, st.sampled_from(["x", "é", "\r"]),
+                                    st.sampled_from([127, 128, 2**14 - 1, 2**14]))),
+    st.booleans()), max_size=30), start=st.integers(0, 3), large=st.booleans())
+def test_a_tasks_lines_become_beams_elements(lines: list[tuple[str, bool]], start: int,
+                                             large: bool) -> None:
+    # What a text-reading stage's tasks make of Spark's lines (`engine/arrow.py`'s
+    # `encoded_lines`): each line less one final '\r', as Beam's coder encodes it, even from
+    # a batch that is a slice of a larger one.
+    import pyarrow as pa
+    from apache_beam.transforms.window import GlobalWindow
+    from apache_beam.utils.timestamp import MIN_TIMESTAMP
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    from sparkbeam.engine.arrow import encoded_lines
+
+    texts = [text + ("\r" if cr else "") for text, cr in lines]
+    impl = coders.WindowedValueCoder(coders.StrUtf8Coder(), GlobalWindowCoder()).get_impl()
+    prefix = wire_prefix(impl)
+    assert prefix is not None
+    column = pa.array(["pad"] * start + texts, pa.large_string() if large else pa.string())
+    batch = pa.RecordBatch.from_arrays([column], names=["value"]).slice(start)
+    out = list(encoded_lines(prefix)([batch]))
+    got = [bytes(v) for b in out for v in b.column(2).to_pylist()]
+    expected = [impl.encode_nested(WindowedValue(t[:-1] if t.endswith("\r") else t,
+                                                 MIN_TIMESTAMP, (GlobalWindow(),)))
+                for t in texts]
+    assert got == expected
+    for b in out:
+        assert b.column(0).to_pylist() == [0] * b.num_rows
+        assert b.column(1).null_count == b.num_rows
+
+
+def test_a_line_of_four_varint_bytes_is_beams() -> None:
+    import pyarrow as pa
+
+    from sparkbeam.engine.arrow import encoded_lines
+
+    line = "y" * (2**21) + "\r"
+    (batch,) = encoded_lines(b"")([pa.RecordBatch.from_arrays([pa.array([line, ""])],
+                                                              names=["value"])])
+    assert batch.column(2).to_pylist() == [varint(2**21) + b"y" * 2**21, varint(0)]

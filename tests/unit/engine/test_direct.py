@@ -14,6 +14,7 @@ from apache_beam.transforms import window
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -351,3 +352,31 @@ def test_timestamped_keyed_results_are_the_bundle_processors(events) -> None:  #
     direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
                                                       for s in lines])])
     assert direct == beams
+
+
+def test_a_direct_task_builds_no_bundle_processor_unless_it_hands_over() -> None:
+    # The bundle processor is leased when a bundle first needs it (`LeasedOnUse`): never for
+    # a task whose functions all run directly; for one that hands over, at the hand-over.
+    from sparkbeam.control.embedded import WORKERS
+
+    plan, stage, prefix = _plan(keyed=False)
+    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
+                    pickle_library="default", bundle_size=1000, bundle_bytes=64 << 20,
+                    job_id=f"lease-{os.getpid()}-{id(plan)}")
+
+    def run(values: list[bytes]) -> list[Any]:
+        return [r for r in run_stage_task(spec, ArrowRows(iter([_batch(values)])), {})
+                if r[0] >= 0]
+
+    line = prefix + varint(7) + b"abc def"
+    run([line])  # the stage's program built (once per process)
+    before = WORKERS.created
+    direct = run([line] * 3)
+    assert WORKERS.created == before
+    # Not UTF-8: the direct path hands the batch over, and Beam's decoding refuses it.
+    with pytest.raises(RuntimeError, match="Error decoding input stream"):
+        run([line, prefix + varint(2) + b"\xff\xfe"])
+    assert WORKERS.created == before + 1
+    general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
+    assert [r for r in run_stage_task(general, ArrowRows(iter([_batch([line] * 3)])), {})
+            if r[0] >= 0] == direct
