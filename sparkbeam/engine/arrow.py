@@ -73,11 +73,9 @@ def binary_buffers(values: pa.Array) -> tuple[np.ndarray, memoryview]:
 
 
 def arrow_rows(rows: list[tuple[int, Any, bytes]]) -> ArrowRows:
-    """Stage input rows held in a list as one Arrow batch, as a task would read them."""
-    inputs, keys, values = zip(*rows, strict=True) if rows else ((), (), ())
-    return ArrowRows(iter([pa.RecordBatch.from_arrays(
-        [pa.array(inputs, pa.int32()), pa.array(keys, pa.binary()),
-         pa.array(values, pa.binary())], names=["input", "key", "value"])]))
+    """Stage input rows held in a list as Arrow batches, cut as a task's output is (so no
+    batch outgrows a binary column's 2 GB)."""
+    return ArrowRows(to_arrow_batches(iter(rows)))
 
 
 def to_arrow_batches(rows: Iterator[tuple]) -> Iterator[pa.RecordBatch]:

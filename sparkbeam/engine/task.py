@@ -106,8 +106,9 @@ def run_stage_task(
         else:
             try:
                 worker = stack.enter_context(lease())
-            except SdkWorkerError as exc:
-                raise RuntimeError(error_payload(stage, exc, kind="worker")) from None
+            except Exception as exc:  # noqa: BLE001 - named by the stage, as a lease on use is
+                kind = "worker" if isinstance(exc, SdkWorkerError) else "user"  # e.g. setup
+                raise RuntimeError(error_payload(stage, exc, kind=kind)) from None
             worker.state.bind_side_inputs(side_inputs)
         yield from _run_leased(spec, program, worker, rows, side_inputs, attempt, key,
                                reporter)

@@ -40,6 +40,24 @@ def test_user_exception_names_transform_type_message_and_traceback() -> None:
     assert "Py4J" not in str(err) and "Python worker exited" not in str(err)
 
 
+class _FailsToSetUp(beam.DoFn):
+    def setup(self) -> None:
+        raise ValueError("cannot load the lookup table")
+
+    def process(self, x):  # type: ignore[no-untyped-def]
+        yield x
+
+
+def test_a_dofn_whose_setup_fails_is_a_user_error_naming_its_transform() -> None:
+    # Raised while Beam's bundle processor is built for the task, before any bundle (it was
+    # a bare PythonException until 2026-12-02).
+    with pytest.raises(UserCodeError, match=r"(?s)'LoadTable'.*ValueError: cannot load") as info:
+        with _pipeline() as p:
+            _ = p | beam.Create([1, 2, 3]) | "LoadTable" >> beam.ParDo(_FailsToSetUp())
+    assert info.value.transform == "LoadTable"
+    assert "in setup" in info.value.user_traceback
+
+
 def test_a_stage_run_in_the_driver_reports_errors_and_metrics_like_a_spark_task(
         caplog) -> None:  # type: ignore[no-untyped-def]
     """Create([None]) | Map(...) read only as a side input runs in the driver (no Spark job):

@@ -380,3 +380,14 @@ def test_a_direct_task_builds_no_bundle_processor_unless_it_hands_over() -> None
     general = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
     assert [r for r in run_stage_task(general, ArrowRows(iter([_batch([line] * 3)])), {})
             if r[0] >= 0] == direct
+
+
+def test_rows_the_driver_holds_are_cut_into_batches_as_a_tasks_are() -> None:
+    from sparkbeam.engine.arrow import arrow_rows
+
+    rows = [(0, None, bytes([n]) * (1 << 20)) for n in range(20)] + [(1, b"k", b"")]
+    held = arrow_rows(rows)
+    batches = list(held.batches)
+    assert len(batches) > 1 and all(b.nbytes < 40 << 20 for b in batches)
+    assert list(arrow_rows(rows)) == rows
+    assert list(arrow_rows([])) == []
