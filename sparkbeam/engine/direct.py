@@ -194,13 +194,13 @@ class DirectRun:
 
     def __init__(self, program: DirectProgram,
                  side_inputs: dict[bytes, list[bytes]] | None = None,
-                 bundle_size: int = 1 << 62, bundle_bytes: int = 1 << 62) -> None:
+                 file_records: int = 1 << 62, bundle_bytes: int = 1 << 62) -> None:
         self.program = program
         steps = tuple(with_views(step, side_inputs or {}) if step.sides else step
                       for step in program.steps)
         self.writes: BundleWrites | None = None
         if program.writes is not None:
-            self.writes = BundleWrites(steps[-1], bundle_size, bundle_bytes)
+            self.writes = BundleWrites(steps[-1], file_records, bundle_bytes)
             steps = steps[:-1]
         self.steps = steps
         self.table: dict[Any, Any] = {}  # key -> [accumulator], or an inline int

@@ -10,8 +10,11 @@ sink writes a record as `FileBasedSink.write_record` does: its coder's bytes, th
 `write_encoded_record`.
 
 A direct stage's "bundle" here is a run of its batches: the writer is closed once it holds
-`--bundle_size` elements or `--bundle_bytes` of their bytes, or when the task ends or hands
-over to the bundle processor, as a bundle of the general path ends. A batch is still all or
+`--bundle_size` elements (by default 1,000,000, as a plain stage's bundle, even in a grouped
+stage, whose bundles of the general path are 1,000 keys: fewer files, each an open, a close and
+a rename less; Beam leaves the shard count to the runner when `num_shards` is not set) or
+`--bundle_bytes` of their bytes, or when the task ends or hands over to the bundle processor.
+A batch is still all or
 nothing: its records are encoded first, and an element the sink's coder cannot encode hands
 the batch to the bundle processor before anything of it is written (which then raises Beam's
 own error). A failure of the file itself, with records of the batch written, fails the task

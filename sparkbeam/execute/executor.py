@@ -235,6 +235,7 @@ class Executor:
             bundle_size=self.settings.bundle_size or (
                 PLAIN_BUNDLE_SIZE if stage.kind is StageKind.PLAIN else DEFAULT_BUNDLE_SIZE),
             bundle_bytes=self.settings.bundle_bytes,
+            file_records=self.settings.bundle_size or PLAIN_BUNDLE_SIZE,
             job_id=job_id,
             metrics_address=self.settings.metrics_address,
             rebalance_address=(self.settings.rebalance_address

@@ -150,6 +150,28 @@ def test_write_to_text_with_shards_header_and_footer_equals_fnapi() -> None:
         FnApiRunner(), os.path.join(folder, "fnapi", "out"))
 
 
+@pytest.mark.parametrize("args, files", [([], 1), (["--bundle_size=1000"], 3)])
+def test_a_grouped_stages_write_ends_its_files_at_bundle_size_records(
+        args: list[str], files: int) -> None:
+    # 2,500 keys into one task: Beam leaves the shard count to the runner, and a direct
+    # write's file holds up to --bundle_size records (by default a plain stage's bundle, not
+    # a grouped stage's 1,000 keys).
+    pattern = _events([(f"k{i}", i, i) for i in range(2500)])
+    out = os.path.join(tempfile.mkdtemp(prefix="grouped-files-"), "out")
+    p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(["--parallelism=1", *args]))
+    _ = (p | beam.io.ReadFromText(pattern) | beam.Map(lambda x: (x.split(",")[0], 1))
+         | beam.CombinePerKey(sum) | beam.MapTuple(lambda k, v: f"{k}={v}")
+         | beam.io.WriteToText(out))
+    p.run().wait_until_finish()
+    names = sorted(n for n in os.listdir(os.path.dirname(out)) if n.startswith("out"))
+    assert len(names) == files, names
+    lines = []
+    for name in names:
+        with open(os.path.join(os.path.dirname(out), name), encoding="utf-8") as f:
+            lines.extend(f.read().splitlines())
+    assert sorted(lines) == sorted(f"k{i}=1" for i in range(2500))
+
+
 class Bundled(beam.DoFn):
     """Has a bundle method of its own: Beam calls it around bundles."""
 
