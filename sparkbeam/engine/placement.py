@@ -61,12 +61,16 @@ def driver_stages(stages: Sequence[Stage], exported: Set[bytes] = frozenset(),
 def shuffled_through(stages: Sequence[Stage], on_driver: Set[str],
                      exported: Set[bytes] = frozenset(),
                      side_inputs: Set[bytes] = frozenset()) -> set[bytes]:
-    """The buffers a Spark stage hands only to the shuffle of one keyed stage: the producer's
-    only output, read by nothing else (no other stage, side input or Spark write), and that
-    keyed stage's only input. Such a producer is not persisted: its rows, its metric rows
-    included, go straight into the consumer's shuffle, which the consumer's tasks read once
-    (they forward the producer's metric rows with their own). Persisting it cost a columnar
-    copy of every row in the JVM's memory for one reader."""
+    """The buffers a Spark stage hands only to one other stage: the producer's only output,
+    read by nothing else (no other stage, side input or Spark write), and the consumer's only
+    input, where the consumer is keyed (the buffer goes into its shuffle) or plain and the
+    producer is not splittable (Spark runs the consumer in the producer's tasks: a stateful
+    DoFn's stage and the write after it, say). Such a producer is not persisted: its rows,
+    its metric rows included, go straight to the consumer, whose tasks read them once and
+    forward the producer's metric rows with their own. Persisting it cost a columnar copy of
+    every row in the JVM's memory for one reader (a warm stateful job at 20 k events, one
+    session, alternating: median 0.828 s persisted, 0.704 s handed through). A splittable
+    producer keeps its own tasks: the driver moves its restrictions between them."""
     producers: dict[bytes, list[Stage]] = {}
     readers: dict[bytes, list[Stage]] = {}
     for s in stages:
@@ -80,9 +84,11 @@ def shuffled_through(stages: Sequence[Stage], on_driver: Set[str],
         if len(made_by) != 1 or len(read_by) != 1 or buffer in exported or buffer in side_inputs:
             continue
         producer, consumer = made_by[0], read_by[0]
+        handed = consumer.kind.keyed or (
+            consumer.kind is StageKind.PLAIN
+            and producer.kind not in (StageKind.SPLITTABLE, StageKind.STATEFUL_SPLITTABLE))
         if (len(producer.outputs) == 1 and producer.label not in on_driver
-                and consumer.label not in on_driver and consumer.kind.keyed
-                and len(consumer.inputs) == 1):
+                and consumer.label not in on_driver and handed and len(consumer.inputs) == 1):
             found.add(buffer)
     return found
 

@@ -87,8 +87,9 @@ class Executor:
     """Executes plans on one Datasets (SparkSession).
 
     Stages are declared in topological order as DataFrames; Spark computes each one when
-    something first needs it. A stage's output is persisted unless it has one reader: the
-    shuffle of one keyed stage (`shuffled_through`), or the next action alone, when only the
+    something first needs it. A stage's output is persisted unless it has one reader: one
+    stage, through its shuffle or in the same tasks (`shuffled_through`), or the next action
+    alone, when only the
     driver reads it (`gathered_once`). Spark actions happen only where the driver must see data:
     once for the side inputs a stage reads that no earlier action brought back, and once at
     the end; each action also brings back the metric rows of every stage declared so far
@@ -306,7 +307,7 @@ class Executor:
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display,
                                 prepare, persist=not (into_shuffle or once))
         self.stage_partitions[stage.label] = max(1, partitions)
-        if into_shuffle:  # read once, by its consumer's shuffle (`shuffled_through`)
+        if into_shuffle:  # read once, by its one consumer (`shuffled_through`)
             run.shuffled[into_shuffle[0]] = (out, max(1, partitions))
             return
         if once:  # read once, by the next action (`gathered_once`)
@@ -341,7 +342,8 @@ class _Run:
     # that only the next action reads (by tag; a `gathered_once` stage's, else none).
     pending: list[tuple[Any, dict[int, bytes]]] = field(default_factory=list)
     on_driver: set[str] = field(default_factory=set)  # labels of the stages run here
-    # Buffers only one keyed stage's shuffle reads (`shuffled_through`), and, once declared,
+    # Buffers only one stage reads, through its shuffle or in its tasks (`shuffled_through`),
+    # and, once declared,
     # their producer's unpersisted output with its partition count.
     plan_shuffled: set[bytes] = field(default_factory=set)
     shuffled: dict[bytes, tuple[Any, int]] = field(default_factory=dict)

@@ -143,3 +143,38 @@ def test_user_metrics_count_once() -> None:
     assert lines == run_and_collect(build, FnApiRunner())
     counters = result.metrics().query(MetricsFilter().with_name("elements"))["counters"]
     assert [c.committed for c in counters] == [100]
+
+
+class _CountedBag(BagUntilTimer):
+    """BagUntilTimer counting what it reads."""
+
+    def process(self, kv, bag=beam.DoFn.StateParam(BagUntilTimer.BAG),  # type: ignore[no-untyped-def]
+                flush=beam.DoFn.TimerParam(BagUntilTimer.FLUSH)):
+        Metrics.counter("handed", "stateful_in").inc()
+        bag.add(kv[1])
+        flush.set(Timestamp(10**6))
+
+
+def test_a_stateful_stages_output_handed_to_the_next_stage_counts_its_metrics_once() -> None:
+    # The stateful stage's one output goes to the plain stage after it in the same Spark tasks,
+    # not persisted (`placement.shuffled_through`): its metric rows come forwarded with that
+    # stage's, once each, as its outputs do.
+    events = [(f"k{i % 37}", i, i * 1_000) for i in range(400)]
+
+    def build(p):  # type: ignore[no-untyped-def]
+        return (p | beam.Create(events)
+                | beam.Map(lambda e: window.TimestampedValue((e[0], e[1]), Timestamp(micros=e[2])))
+                .with_output_types(tuple[str, int])
+                | "Stateful" >> beam.ParDo(_CountedBag())
+                | "After" >> beam.Map(lambda x: (Metrics.counter("handed", "after").inc(), x)[1]))
+
+    def counters(result) -> dict[str, int]:  # type: ignore[no-untyped-def]
+        found = result.metrics().query(MetricsFilter().with_namespace("handed"))["counters"]
+        return {c.key.metric.name: c.committed for c in found}
+
+    for args in ([], ["--bundle_size=1", "--parallelism=1"]):
+        spark, spark_result = run_and_collect_with_result(build, SparkRunner(), args)
+        fnapi, fnapi_result = run_and_collect_with_result(build, FnApiRunner())
+        assert spark == fnapi
+        assert counters(spark_result) == counters(fnapi_result) == {
+            "stateful_in": 400, "after": len(fnapi)}

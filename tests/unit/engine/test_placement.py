@@ -76,7 +76,7 @@ def test_a_stage_without_inputs_is_not_a_driver_stage() -> None:
     assert driver_stages([_stage("stage-000", [], [b"x"])]) == set()
 
 
-def test_only_a_sole_output_read_by_one_keyed_stage_alone_goes_straight_into_its_shuffle() -> None:
+def test_only_a_sole_output_read_by_one_stage_alone_goes_straight_to_it() -> None:
     stages = [
         _stage("stage-000", [b"lines"], [b"pairs"]),  # read, parse: into the GroupByKey
         _stage("stage-001", [b"pairs"], [b"grouped"], StageKind.GROUPED),  # group, format
@@ -88,20 +88,26 @@ def test_only_a_sole_output_read_by_one_keyed_stage_alone_goes_straight_into_its
         _stage("stage-007", [b"cogrouped", b"other"], [], StageKind.GROUPED),  # two inputs
         _stage("stage-008", [b"lines"], [b"other"]),
         _stage("stage-009", [b"lines"], [b"plain"]),
-        _stage("stage-010", [b"plain"], []),  # a plain reader: no shuffle
+        _stage("stage-010", [b"plain"], []),  # a plain reader: in the producer's tasks
+        _stage("stage-011", [b"lines"], [b"restrictions"], StageKind.SPLITTABLE),
+        _stage("stage-012", [b"restrictions"], []),  # a splittable producer keeps its tasks
     ]
-    assert shuffled_through(stages, set()) == {b"pairs", b"grouped"}
+    # Into a shuffle (pairs, grouped), or to a plain stage in the same tasks (counted, from a
+    # stateful stage; side, from a grouped one; plain).
+    every = {b"pairs", b"grouped", b"counted", b"side", b"plain"}
+    assert shuffled_through(stages, set()) == every
     # Read as a side input too, written by WriteToSpark, or produced or read in the driver:
     # persisted, as before.
-    assert shuffled_through(stages, set(), side_inputs={b"pairs"}) == {b"grouped"}
-    assert shuffled_through(stages, set(), exported={b"grouped"}) == {b"pairs"}
-    assert shuffled_through(stages, {"stage-000"}) == {b"grouped"}
-    assert shuffled_through(stages, {"stage-002"}) == {b"pairs"}
+    assert shuffled_through(stages, set(), side_inputs={b"pairs"}) == every - {b"pairs"}
+    assert shuffled_through(stages, set(), exported={b"grouped"}) == every - {b"grouped"}
+    assert shuffled_through(stages, {"stage-000"}) == every - {b"pairs"}
+    assert shuffled_through(stages, {"stage-002"}) == every - {b"grouped", b"counted"}
+    assert shuffled_through(stages, {"stage-010"}) == every - {b"plain"}
     # Two producers (a flattened buffer), or two readers.
-    flattened = [*stages, _stage("stage-011", [b"lines"], [b"pairs"])]
-    assert shuffled_through(flattened, set()) == {b"grouped"}
-    twice = [*stages, _stage("stage-012", [b"pairs"], [], StageKind.GROUPED)]
-    assert shuffled_through(twice, set()) == {b"grouped"}
+    flattened = [*stages, _stage("stage-013", [b"lines"], [b"pairs"])]
+    assert shuffled_through(flattened, set()) == every - {b"pairs"}
+    twice = [*stages, _stage("stage-014", [b"pairs"], [], StageKind.GROUPED)]
+    assert shuffled_through(twice, set()) == every - {b"pairs"}
 
 
 def test_a_write_whose_names_skip_the_regroup_keeps_its_writing_stage_in_spark() -> None:
