@@ -63,14 +63,20 @@ def shuffled_through(stages: Sequence[Stage], on_driver: Set[str],
                      side_inputs: Set[bytes] = frozenset()) -> set[bytes]:
     """The buffers a Spark stage hands only to one other stage: the producer's only output,
     read by nothing else (no other stage, side input or Spark write), and the consumer's only
-    input, where the consumer is keyed (the buffer goes into its shuffle) or plain and the
-    producer is not splittable (Spark runs the consumer in the producer's tasks: a stateful
-    DoFn's stage and the write after it, say). Such a producer is not persisted: its rows,
-    its metric rows included, go straight to the consumer, whose tasks read them once and
-    forward the producer's metric rows with their own. Persisting it cost a columnar copy of
-    every row in the JVM's memory for one reader (a warm stateful job at 20 k events, one
-    session, alternating: median 0.828 s persisted, 0.704 s handed through). A splittable
-    producer keeps its own tasks: the driver moves its restrictions between them."""
+    input, where the consumer is keyed (the buffer goes into its shuffle) or plain (Spark runs
+    the consumer's `mapInArrow` on the producer's in the same tasks: a stateful DoFn's stage
+    and the write after it, say). Such a producer is not persisted: its rows, its metric rows
+    included, go straight to the consumer, whose tasks read them once and forward the
+    producer's metric rows with their own. Persisting it cost a columnar copy of every row in
+    the JVM's memory for one reader (a warm stateful job at 20 k events, one session,
+    alternating: median 0.828 s persisted, 0.704 s handed through).
+
+    A plain consumer's task that fails and is retried runs its producer's part again (its
+    shuffle read, state, timers and any side effects; committed metrics still count once, as
+    the retried attempt's): persisting materialised the producer's partition first. So the
+    plain case is left out where that would replay more: after a splittable producer (its
+    splits), for stages of SDK workers of their own (a task would hold two at once), and for a
+    producer whose own input is handed to it that way (one hand-over a task)."""
     producers: dict[bytes, list[Stage]] = {}
     readers: dict[bytes, list[Stage]] = {}
     for s in stages:
@@ -79,17 +85,25 @@ def shuffled_through(stages: Sequence[Stage], on_driver: Set[str],
         for i in s.inputs:
             readers.setdefault(i.buffer_id, []).append(s)
     found = set()
+    in_tasks: set[bytes] = set()  # those handed to a plain stage in the producer's tasks
     for buffer, made_by in producers.items():
         read_by = readers.get(buffer, [])
         if len(made_by) != 1 or len(read_by) != 1 or buffer in exported or buffer in side_inputs:
             continue
         producer, consumer = made_by[0], read_by[0]
-        handed = consumer.kind.keyed or (
-            consumer.kind is StageKind.PLAIN
-            and producer.kind not in (StageKind.SPLITTABLE, StageKind.STATEFUL_SPLITTABLE))
-        if (len(producer.outputs) == 1 and producer.label not in on_driver
-                and consumer.label not in on_driver and handed and len(consumer.inputs) == 1):
+        if (len(producer.outputs) != 1 or producer.label in on_driver
+                or consumer.label in on_driver or len(consumer.inputs) != 1):
+            continue
+        if consumer.kind.keyed:
             found.add(buffer)
+        elif (consumer.kind is StageKind.PLAIN
+              and producer.kind not in (StageKind.SPLITTABLE, StageKind.STATEFUL_SPLITTABLE)
+              and runs_embedded(producer.environment) and runs_embedded(consumer.environment)):
+            in_tasks.add(buffer)
+    # One hand-over a task at most: the producer's own input not handed to it in turn.
+    producer_of = {b: producers[b][0] for b in in_tasks}
+    found |= {b for b in in_tasks
+              if not any(i.buffer_id in in_tasks for i in producer_of[b].inputs)}
     return found
 
 

@@ -70,7 +70,8 @@ class TaskSpec:
     pipeline_options: dict | None = None  # for SDK workers of PROCESS/EXTERNAL environments
     worker_connect_timeout_s: float = 60.0
     # Input rows numbered METRICS_TAG are an unpersisted producer's metric rows, come through
-    # this stage's shuffle: passed on as this task's output, after its own.
+    # this stage's shuffle or from the producer in the same task: passed on as this task's
+    # output, after its own.
     forwards_metrics: bool = False
     # The most records a file of a direct stage's write holds (None: `bundle_size`). Larger
     # than a grouped stage's bundle of keys by default: each file costs its task an open and

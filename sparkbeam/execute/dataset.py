@@ -261,11 +261,11 @@ class Datasets:
         """Runs `task(rows, attempt)` over each partition; `attempt` is Spark's (stage id,
         partition id, attempt number). The output is persisted once, so every consumer reads
         it without recomputing (which would repeat side effects and metrics); not with
-        `persist=False`, for an output read once (by one shuffle, or by the next action
-        alone). `prepare`, if
-        given, first turns each partition's batches of `df` into (input, key, value) batches,
-        in the same task (a query's rows encoded where they are consumed: no second trip
-        between the JVM and Python)."""
+        `persist=False`, for an output read once (by one shuffle, by one plain stage in the
+        same tasks, or by the next action alone). `prepare`, if given, first turns each
+        partition's batches of `df` into (input, key, value) batches, in the same task (a
+        query's rows encoded where they are consumed: no second trip between the JVM and
+        Python)."""
 
         def arrow_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext

@@ -89,15 +89,15 @@ class Executor:
     Stages are declared in topological order as DataFrames; Spark computes each one when
     something first needs it. A stage's output is persisted unless it has one reader: one
     stage, through its shuffle or in the same tasks (`shuffled_through`), or the next action
-    alone, when only the
-    driver reads it (`gathered_once`). Spark actions happen only where the driver must see data:
-    once for the side inputs a stage reads that no earlier action brought back, and once at
-    the end; each action also brings back the metric rows of every stage declared so far
-    (and so runs them, side by side where independent), so the end needs an action only for
-    stages declared after the last side input. The stages `engine/placement.py` picks
-    (impulses in; out, nothing but side inputs and the inputs of other such stages:
-    WriteToText's initialisation and finalisation, a singleton computed from nothing) run in
-    the driver, on the values it already holds: no Spark job for a step of one element.
+    alone, when only the driver reads it (`gathered_once`). Spark actions happen only where
+    the driver must see data: once for the side inputs a stage reads that no earlier action
+    brought back, and once at the end; each action also brings back the metric rows of every
+    stage declared so far (and so runs them, side by side where independent), so the end needs
+    an action only for stages declared after the last side input. The stages
+    `engine/placement.py` picks (impulses in; out, nothing but side inputs and the inputs of
+    other such stages: WriteToText's initialisation and finalisation, a singleton computed from
+    nothing) run in the driver, on the values it already holds: no Spark job for a step of one
+    element.
     """
 
     def __init__(self, datasets: Datasets, settings: ExecutionSettings) -> None:

@@ -291,6 +291,36 @@ def test_task_retries_do_not_double_count_committed_metrics(tmp_path) -> None:  
         result.wait_until_finish()
         (c,) = result.metrics().query(MetricsFilter().with_name("processed"))["counters"]
         print("COMMITTED", c.committed, "ATTEMPTED", c.attempted)
+
+        # A stateful stage handed to the plain stage after it, in the same tasks: the
+        # consumer's retry runs the stateful part again, and each counts once.
+        from apache_beam.coders import VarIntCoder
+        from apache_beam.transforms import userstate
+
+        class Tally(beam.DoFn):
+            SEEN = userstate.ReadModifyWriteStateSpec("seen", VarIntCoder())
+
+            def process(self, kv, seen=beam.DoFn.StateParam(SEEN)):
+                Metrics.counter("ns", "tallied").inc()
+                seen.write((seen.read() or 0) + 1)
+                yield kv[1]
+
+        def flaky_after(x):
+            Metrics.counter("ns", "after").inc()
+            if x == 7 and not os.path.exists({str(marker)!r} + "-after"):
+                open({str(marker)!r} + "-after", "w").close()
+                raise RuntimeError("transient")
+            return x
+
+        p = beam.Pipeline(runner=SparkRunner(), options=PipelineOptions(
+            ["--spark_master=local[2,3]", "--parallelism=2"]))
+        _ = (p | beam.Create(range(20)) | beam.Map(lambda x: (x % 3, x))
+             | beam.ParDo(Tally()) | beam.Map(flaky_after))
+        result = p.run()
+        result.wait_until_finish()
+        for name in ("tallied", "after"):
+            (c,) = result.metrics().query(MetricsFilter().with_name(name))["counters"]
+            print(name.upper(), c.committed, "ATTEMPTED", c.attempted)
     """))
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -300,6 +330,8 @@ def test_task_retries_do_not_double_count_committed_metrics(tmp_path) -> None:  
     assert "COMMITTED 20 ATTEMPTED" in out.stdout
     attempted = int(out.stdout.split("ATTEMPTED")[1].split()[0])
     assert attempted > 20, "the failed attempt's work must count as attempted"
+    assert os.path.exists(f"{marker}-after"), "the consumer never failed: nothing proved"
+    assert "TALLIED 20 ATTEMPTED" in out.stdout and "AFTER 20 ATTEMPTED" in out.stdout, out.stdout
 
 
 def test_a_stage_output_read_by_two_stages_is_computed_once(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -110,6 +110,20 @@ def test_only_a_sole_output_read_by_one_stage_alone_goes_straight_to_it() -> Non
     assert shuffled_through(twice, set()) == every - {b"pairs"}
 
 
+def test_a_plain_stage_runs_in_its_producers_tasks_once_a_task_and_only_embedded() -> None:
+    chain = [
+        _stage("stage-000", [b"lines"], [b"a"], StageKind.STATEFUL),
+        _stage("stage-001", [b"a"], [b"b"]),  # in stage-000's tasks
+        _stage("stage-002", [b"b"], [b"c"]),  # not in them too: one hand-over a task
+        _stage("stage-003", [b"c"], [], StageKind.GROUPED),  # a shuffle: always
+    ]
+    assert shuffled_through(chain, set()) == {b"a", b"c"}
+    process = beam_runner_api_pb2.Environment(
+        urn=common_urns.environments.PROCESS.urn).SerializeToString()
+    own = [dataclasses.replace(chain[0], environment=process), *chain[1:]]
+    assert shuffled_through(own, set()) == {b"b", b"c"}
+
+
 def test_a_write_whose_names_skip_the_regroup_keeps_its_writing_stage_in_spark() -> None:
     """`Create(reshuffle=False) | WriteToText` once its names go straight to finalising
     (`plan/write_results.py`): the writing stage reads the impulse and feeds only side inputs,
