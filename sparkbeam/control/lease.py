@@ -40,11 +40,11 @@ def lease_worker(
 
 
 class LeasedOnUse:
-    """A worker leased the first time a bundle needs it, then held until `stack` closes, its
-    side inputs bound then. For tasks whose functions run without Beam's bundle processor
-    (`engine/direct.py`, `engine/direct_stateful.py`): they need one only if they hand over,
-    and building one costs a task ~10-15 ms (its descriptor differs per job). A failure to
-    lease is raised where the first bundle runs, as the task's worker error."""
+    """A worker leased the first time a bundle needs it (or `lease` is called), then held until
+    `stack` closes, its side inputs bound then. Tasks whose functions run without Beam's
+    bundle processor (`engine/direct.py`, `engine/direct_stateful.py`) need one only if they
+    hand over, and building one costs a task ~10-15 ms (its descriptor differs per job). A
+    failure to lease is raised where it is leased, as the task's error."""
 
     def __init__(self, stack: ExitStack, lease: Callable[[], AbstractContextManager[Worker]],
                  side_inputs: Mapping[bytes, list[bytes]]) -> None:
@@ -53,11 +53,8 @@ class LeasedOnUse:
         self._side_inputs = side_inputs
         self._worker: Worker | None = None
 
-    @property
-    def leased(self) -> bool:
-        return self._worker is not None
-
-    def _get(self) -> Worker:
+    def lease(self) -> Worker:
+        """The worker, leased now if it is not yet."""
         if self._worker is None:
             worker = self._stack.enter_context(self._lease())
             worker.state.bind_side_inputs(self._side_inputs)
@@ -66,11 +63,11 @@ class LeasedOnUse:
 
     @property
     def descriptor(self) -> beam_fn_api_pb2.ProcessBundleDescriptor:
-        return self._get().descriptor
+        return self.lease().descriptor
 
     @property
     def state(self) -> BundleState:
-        return self._get().state
+        return self.lease().state
 
     @property
     def failed_bundle_infos(self) -> list[metrics_pb2.MonitoringInfo]:
@@ -78,7 +75,7 @@ class LeasedOnUse:
 
     def process(self, inputs: Iterable[Any], bundle_label: str = "",
                 counts: Mapping[str, int] | None = None) -> BundleResult:
-        return self._get().process(inputs, bundle_label, counts)
+        return self.lease().process(inputs, bundle_label, counts)
 
     def try_split(self, request: beam_fn_api_pb2.ProcessBundleSplitRequest
                   ) -> beam_fn_api_pb2.ProcessBundleSplitResponse:
@@ -91,7 +88,7 @@ class LeasedOnUse:
 
     def set_output_cap(self, cap: OutputCap | None) -> None:
         if cap is not None or self._worker is not None:
-            self._get().set_output_cap(cap)
+            self.lease().set_output_cap(cap)
 
     def shutdown(self) -> None:
         if self._worker is not None:

@@ -123,8 +123,7 @@ def text_lines(col: Columns, prefix: bytes) -> list[str] | None:
     base = starts + len(prefix)
     for k in range(3):
         has = width > k
-        expected = (length >> (7 * k)) & 0x7F | np.where(width > k + 1, 0x80, 0)
-        if not (data[base[has] + k] == expected[has]).all():
+        if not (data[base[has] + k] == _varint_byte(length[has], width[has], k)).all():
             return None
     keep = np.ones(len(data), dtype=bool)
     header = len(prefix) + width
@@ -192,10 +191,16 @@ def _encode_lines(lines: pa.Array, head: np.ndarray) -> pa.Array:
     for k in range(int(width.max())):
         at = width > k
         where = starts[at] + len(head) + k
-        out[where] = (length[at] >> 7 * k) & 0x7F | np.where(width[at] > k + 1, 0x80, 0)
+        out[where] = _varint_byte(length[at], width[at], k)
         body[where] = False
     keep = np.ones(len(raw), dtype=bool)
     keep[ends[cr] - 1] = False
     out[body] = raw[keep]
     return pa.Array.from_buffers(pa.large_binary(), len(length),
                                  [None, pa.py_buffer(out_offsets), pa.py_buffer(out)])
+
+
+def _varint_byte(length: np.ndarray, width: np.ndarray, k: int) -> np.ndarray:
+    """Byte `k` of Beam's varint of each `length`, written in `width` bytes: seven bits, low
+    first, the high bit set on all but the last."""
+    return (length >> 7 * k) & 0x7F | np.where(width > k + 1, 0x80, 0)

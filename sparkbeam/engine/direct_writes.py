@@ -14,12 +14,11 @@ A direct stage's "bundle" here is a run of its batches: the writer is closed onc
 stage, whose bundles of the general path are 1,000 keys: fewer files, each an open, a close and
 a rename less; Beam leaves the shard count to the runner when `num_shards` is not set) or
 `--bundle_bytes` of their bytes, or when the task ends or hands over to the bundle processor.
-A batch is still all or
-nothing: its records are encoded first, and an element the sink's coder cannot encode hands
-the batch to the bundle processor before anything of it is written (which then raises Beam's
-own error). A failure of the file itself, with records of the batch written, fails the task
-(`WriteFailed`): those records cannot be taken back, and the attempt's temporary files are
-never handed on, so no output holds them.
+A batch is still all or nothing: its records are encoded first, and an element the sink's
+coder cannot encode hands the batch to the bundle processor before anything of it is written
+(which then raises Beam's own error). A failure of the file itself, with records of the
+batch written, fails the task (`WriteFailed`): those records cannot be taken back, and the
+attempt's temporary files are never handed on, so no output holds them.
 """
 from __future__ import annotations
 

@@ -105,16 +105,7 @@ def run_stage_task(
             scope=spec.job_id if stage.side_inputs else "")
 
     with contextlib.ExitStack() as stack:
-        worker: Worker
-        if program.direct is not None or program.stateful is not None:
-            worker = LeasedOnUse(stack, lease, side_inputs)  # only if the functions hand over
-        else:
-            try:
-                worker = stack.enter_context(lease())
-            except Exception as exc:  # noqa: BLE001 - named by the stage, as a lease on use is
-                kind = "worker" if isinstance(exc, SdkWorkerError) else "user"  # e.g. setup
-                raise RuntimeError(error_payload(stage, exc, kind=kind)) from None
-            worker.state.bind_side_inputs(side_inputs)
+        worker = LeasedOnUse(stack, lease, side_inputs)
         yield from _run_leased(spec, program, worker, rows, side_inputs, attempt, key,
                                reporter)
 
@@ -131,7 +122,7 @@ def report_infos(spec: TaskSpec, attempt: tuple[int, int, int], infos: list[Any]
 def _run_leased(
     spec: TaskSpec,
     program: StageProgram,
-    worker: Worker,
+    worker: LeasedOnUse,
     rows: Iterable[Row],
     side_inputs: dict[bytes, list[bytes]],
     attempt: tuple[int, int, int],
@@ -144,6 +135,10 @@ def _run_leased(
         rows = _without_metric_rows(rows, forwarded)
     run = StageRun(program, worker, spec.bundle_size, reporter)
     try:
+        if program.direct is None and program.stateful is None:
+            # Beam's bundle processor runs the stage: built (its DoFns set up) before any row.
+            # Direct functions lease it only if they hand over.
+            worker.lease()
         splitter = (_splitter(spec, run, attempt)
                     if spec.rebalance_address and stage.kind is StageKind.SPLITTABLE else None)
         bundles: Iterator[Bundle]

@@ -250,15 +250,15 @@ class Executor:
         inputs = []
         partitions = 0  # how many tasks the stage will have (mapInArrow keeps partitioning)
         prepare = None
-        only = stage.inputs[0] if len(stage.inputs) == 1 else None
-        if (only is not None and only.buffer_id in run.plan.spark_reads
-                and stage.kind in _ARRANGE and _ARRANGE[stage.kind] is None):
+        # A stage's one input, where nothing arranges it: its tasks may read a query's rows.
+        only = (stage.inputs[0] if len(stage.inputs) == 1 and stage.kind in _ARRANGE
+                and _ARRANGE[stage.kind] is None else None)
+        if only is not None and only.buffer_id in run.plan.spark_reads:
             # The query's rows encoded by the stage's own tasks, as they read them.
             stage_in, prepare = read_query(self.ds, run.plan.spark_reads[only.buffer_id],
                                            only.coder_id, run.plan.components)
             partitions = self.ds.parallelism  # a guess: the query decides
-        elif (only is not None and only.buffer_id in run.plan.text_reads
-              and stage.kind in _ARRANGE and _ARRANGE[stage.kind] is None):
+        elif only is not None and only.buffer_id in run.plan.text_reads:
             # Spark's lines made elements by the stage's own tasks, as they read them: the
             # encoding as Spark expressions cost the driver more than the tasks (ANALYSIS).
             read = run.plan.text_reads[only.buffer_id]
@@ -343,8 +343,7 @@ class _Run:
     pending: list[tuple[Any, dict[int, bytes]]] = field(default_factory=list)
     on_driver: set[str] = field(default_factory=set)  # labels of the stages run here
     # Buffers only one stage reads, through its shuffle or in its tasks (`shuffled_through`),
-    # and, once declared,
-    # their producer's unpersisted output with its partition count.
+    # and, once declared, their producer's unpersisted output with its partition count.
     plan_shuffled: set[bytes] = field(default_factory=set)
     shuffled: dict[bytes, tuple[Any, int]] = field(default_factory=dict)
     plan_once: set[str] = field(default_factory=set)  # stages only the next action reads
