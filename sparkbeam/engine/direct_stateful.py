@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from apache_beam.coders import coders
+from apache_beam.coders.coder_impl import create_InputStream
 from apache_beam.internal import util
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.execution import MetricsContainer
@@ -401,9 +402,13 @@ class StatefulRun:
 
     def _key(self, group: list[Row]) -> list[OutRow]:
         program = self.program
-        decode = program.in_impl.decode_nested
         runner = program.runner
-        elements = [decode(value) for _, _, value in group]
+        # A row may hold several of the key's elements back to back (`engine/packed_rows.py`).
+        stream = create_InputStream(b"".join(value for _, _, value in group))
+        decode = program.in_impl.decode_from_stream
+        elements = []
+        while stream.size() > 0:
+            elements.append(decode(stream, True))
         keyed = program.context.begin(elements[0].value[0])
         out = program.main.out
         out.clear()

@@ -40,6 +40,7 @@ from sparkbeam.engine.bundles import (
     plain_bundles,
 )
 from sparkbeam.engine.grouping import ByWindowGrouper
+from sparkbeam.engine.packed_rows import packed
 from sparkbeam.engine.program import Chunks, OutRow, StageProgram, program_for
 from sparkbeam.engine.run import StageRun
 from sparkbeam.engine.task_errors import error_payload
@@ -77,6 +78,9 @@ class TaskSpec:
     # than a grouped stage's bundle of keys by default: each file costs its task an open and
     # a close, and the finalisation a rename (a 0.5 MB word count wrote 13 files, not 2).
     file_records: int | None = None
+    # Output tags whose rows are packed per key (`engine/packed_rows.py`): every reader of
+    # their buffers takes several of a key's elements in a row (`plan/packed_rows.py`).
+    packed_tags: frozenset[int] = frozenset()
 
 
 def run_stage_task(
@@ -106,8 +110,8 @@ def run_stage_task(
 
     with contextlib.ExitStack() as stack:
         worker = LeasedOnUse(stack, lease, side_inputs)
-        yield from _run_leased(spec, program, worker, rows, side_inputs, attempt, key,
-                               reporter)
+        out = _run_leased(spec, program, worker, rows, side_inputs, attempt, key, reporter)
+        yield from packed(out, spec.packed_tags) if spec.packed_tags else out
 
 
 def report_infos(spec: TaskSpec, attempt: tuple[int, int, int], infos: list[Any],

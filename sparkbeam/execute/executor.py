@@ -23,6 +23,7 @@ from sparkbeam.execute.dataset import BatchReader, Datasets
 from sparkbeam.execute.spark_io import read_buffer, read_query, write_buffer
 from sparkbeam.options import DEFAULT_BUNDLE_SIZE, PLAIN_BUNDLE_SIZE
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
+from sparkbeam.plan.packed_rows import packed_tags
 
 _LOG = logging.getLogger(__name__)
 
@@ -301,7 +302,8 @@ class Executor:
             stage_in, prepare = arrange(self.ds, stage_in, len(stage.inputs))
             partitions = self.ds.parallelism
         shipped = self.ds.ship(side) if side is not None else None
-        spec = dataclasses.replace(spec, partitions=max(1, partitions))
+        spec = dataclasses.replace(spec, partitions=max(1, partitions), packed_tags=packed_tags(
+            run.plan, stage, self.settings.arrow_batch_bytes))
         into_shuffle = [o.buffer_id for o in stage.outputs if o.buffer_id in run.plan_shuffled]
         once = stage.label in run.plan_once
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display,

@@ -188,6 +188,8 @@ def largest_row(plan: Plan) -> int | None:
         for use in stage.inputs:
             if use.buffer_id == IMPULSE_BUFFER or use.buffer_id in plan.text_reads:
                 continue
+            if use.buffer_id in plan.packed:
+                return None  # several elements a row, as many as fit (`packed_rows.py`)
             # A grouped input's rows are its ungrouped elements (grouped in the worker).
             grouping = plan.groupings.get(use.buffer_id)
             coder_id = grouping.input_coder_id if grouping else use.coder_id

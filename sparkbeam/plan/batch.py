@@ -30,6 +30,7 @@ from sparkbeam.plan.native_spark import (
     with_constant_windowing,
 )
 from sparkbeam.plan.native_text import translate_text_reads, wire_prefix
+from sparkbeam.plan.packed_rows import packed_buffers
 from sparkbeam.plan.write_results import without_write_regroups
 
 
@@ -84,9 +85,11 @@ def plan_batch(
         plan, stateful = with_direct_stateful(plan)
         plan, windowing = with_global_window_operation(plan)
         paths = direct + stateful + windowing
-    return dataclasses.replace(
+    plan = dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
-        kept_in_spark=kept_in_spark,
-        decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
+        kept_in_spark=kept_in_spark)
+    plan = dataclasses.replace(plan, packed=packed_buffers(plan) if native else frozenset())
+    return dataclasses.replace(
+        plan, decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
                    + grouping_decisions(plan)
                    + (unlifted_decisions(proto.components) if native else ()) + paths))

@@ -180,6 +180,9 @@ class Plan:
     # Batch: transforms whose stages stay Spark tasks though they now feed only side inputs
     # (`plan/write_results.py`: a write's WriteBundles, which fed a shuffle in Beam's expansion).
     kept_in_spark: frozenset[str] = frozenset()
+    # Batch: buffers whose producers may pack several of a key's elements in a row
+    # (`plan/packed_rows.py`).
+    packed: frozenset[bytes] = frozenset()
 
 
 def side_input_proto(stage: Stage, use: SideInputUse) -> beam_runner_api_pb2.SideInput:

@@ -85,7 +85,8 @@ def test_sessions_merge_the_same_as_fnapi_and_say_so() -> None:
               ("a", 8_000_000, 4), ("b", 2_000_000, 5), ("a", 50_000_000, 6)]
     build = _pipeline(events, window.Sessions(5), window.TimestampCombiner.OUTPUT_AT_EOW, False)
     assert [d for d in _decisions(build) if d.startswith("Group:")] == [
-        "Group: grouped per window by the runner (default trigger: one on-time pane per window)"]
+        "Group: grouped per window by the runner (default trigger: one on-time pane per window); "
+        "its input shuffled several of a key's elements a row"]
     expected = run_and_collect(build, FnApiRunner())
     # a's first three events bridge into one session [1 s, 13 s); two more sessions of a, one of b.
     assert len(expected) == 4 and any("[1, 2, 4]" in line and "13.0" in line

@@ -1,0 +1,81 @@
+"""Which buffers a batch plan packs several of a key's elements a row into (plan/packed_rows): only
+those every reader groups per window or hands a stateful DoFn, never under --spark_native=off or
+batches by count."""
+from __future__ import annotations
+
+import dataclasses
+
+import apache_beam as beam
+from apache_beam.transforms import trigger, userstate, window
+
+from sparkbeam.plan.arrow_batches import NO_BYTE_LIMIT, largest_row
+from sparkbeam.plan.batch import plan_batch
+from sparkbeam.plan.model import Plan, StageKind
+from sparkbeam.plan.packed_rows import packed_tags
+
+
+def _grouped(windowing: beam.WindowInto | None, native: bool = True) -> Plan:
+    p = beam.Pipeline()
+    pairs = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
+             | beam.Map(lambda x: window.TimestampedValue((x % 3, x), x))
+             .with_output_types(tuple[int, int]))
+    if windowing is not None:
+        pairs = pairs | windowing
+    _ = pairs | beam.GroupByKey() | beam.MapTuple(lambda k, vs: (k, sorted(vs)))
+    return plan_batch(p.to_runner_api(), native=native)
+
+
+def _group_input(plan: Plan) -> bytes:
+    stage = next(s for s in plan.stages if s.kind is StageKind.GROUPED)
+    return stage.inputs[0].buffer_id
+
+
+def test_a_grouping_per_window_is_packed_and_its_producer_packs_it() -> None:
+    plan = _grouped(beam.WindowInto(window.Sessions(5)))
+    buffer_id = _group_input(plan)
+    assert plan.groupings[buffer_id].by_window
+    assert plan.packed == {buffer_id}
+    producer = next(s for s in plan.stages if any(o.buffer_id == buffer_id for o in s.outputs))
+    tags = packed_tags(plan, producer, None)
+    assert [producer.outputs[n].buffer_id for n in tags] == [buffer_id]
+    # Batches by count alone take rows as small as their coders: nothing packed then.
+    assert packed_tags(plan, producer, NO_BYTE_LIMIT) == frozenset()
+    assert packed_tags(plan, producer, 1 << 20) == tags
+
+
+def test_the_global_windows_beams_own_grouping_and_no_native_paths_are_not_packed() -> None:
+    # The global window's grouping from columns counts rows as values.
+    assert _grouped(None).packed == frozenset()
+    # --spark_native=off: Beam's GroupingBuffer and trigger driver everywhere.
+    assert _grouped(beam.WindowInto(window.Sessions(5)), native=False).packed == frozenset()
+    # A trigger of its own: Beam's trigger driver groups it.
+    repeated = beam.WindowInto(window.FixedWindows(5), trigger=trigger.Repeatedly(
+        trigger.AfterCount(2)), accumulation_mode=trigger.AccumulationMode.DISCARDING)
+    assert _grouped(repeated).packed == frozenset()
+
+
+def test_a_packed_input_keeps_sparks_byte_limit() -> None:
+    # The global window, grouped per window by the runner (its lateness is not the default's):
+    # its elements' coder bounds them, its packed rows nothing.
+    plan = _grouped(beam.WindowInto(window.GlobalWindows(), allowed_lateness=10))
+    assert plan.packed == {_group_input(plan)}
+    assert largest_row(plan) is None
+    assert largest_row(dataclasses.replace(plan, packed=frozenset())) is not None
+
+
+class _Count(beam.DoFn):
+    COUNT = userstate.CombiningValueStateSpec("count", sum)
+
+    def process(self, kv, count=beam.DoFn.StateParam(COUNT)):  # type: ignore[no-untyped-def]
+        count.add(1)
+        yield kv
+
+
+def test_a_stateful_stages_input_is_packed() -> None:
+    p = beam.Pipeline()
+    _ = (p | beam.Impulse() | beam.FlatMap(lambda _: [(1, 2), (1, 3)])
+         .with_output_types(tuple[int, int])
+         | beam.WindowInto(window.Sessions(5)) | beam.ParDo(_Count()))
+    plan = plan_batch(p.to_runner_api())
+    stateful = next(s for s in plan.stages if s.kind is StageKind.STATEFUL)
+    assert plan.packed == {stateful.inputs[0].buffer_id}
