@@ -92,7 +92,8 @@ def prepare(
         plan = (plan_streaming(proto, pickle_library=pickle_library, is_drain=is_drain)
                 if streaming
                 else plan_batch(proto, pickle_library=pickle_library, is_drain=is_drain,
-                                native=spark_options.spark_native == "on"))
+                                native=spark_options.spark_native == "on",
+                                packing=spark_options.arrow_batch_bytes != "rows"))
         problems.extend(plan_problems(plan, streaming=streaming))
     problems.extend(option_problems(
         streaming=streaming, checkpoint_dir=spark_options.checkpoint_dir,

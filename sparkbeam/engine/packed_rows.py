@@ -5,9 +5,10 @@ until it ends (`plan/packed_rows.py` says which, and why it pays). Rows of other
 with no key, pass as they come. Within a stretch of the task's output (`MAX_ROWS` rows or
 `MAX_BYTES` bytes of packed values), each key's rows of one tag become one row, its values in
 the order they came, in the order the keys first came; a key's row is cut at `MAX_ROW_BYTES`
-so that no row grows past what a single Arrow batch or shuffle record comfortably holds. A row
-with a negative tag (the task's metric rows) first flushes what is held, so metric rows still
-follow the rows they count.
+(64 KB): the readers' own batches count rows, not bytes, in places (the hash collisions'
+repair cuts 8,192 rows, `engine/key_runs.py`), and a row then holds ~100 of the bench's events.
+A row with a negative tag (the task's metric rows) first flushes what is held, so metric rows
+still follow the rows they count.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sparkbeam.engine.program import OutRow
 
 MAX_ROWS = 100_000
 MAX_BYTES = 16 << 20
-MAX_ROW_BYTES = 1 << 20
+MAX_ROW_BYTES = 64 << 10
 
 
 def packed(rows: Iterable[OutRow], tags: Set[int], max_rows: int = MAX_ROWS,

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +111,10 @@ def run_stage_task(
     with contextlib.ExitStack() as stack:
         worker = LeasedOnUse(stack, lease, side_inputs)
         out = _run_leased(spec, program, worker, rows, side_inputs, attempt, key, reporter)
-        yield from packed(out, spec.packed_tags) if spec.packed_tags else out
+        try:
+            yield from packed(out, spec.packed_tags) if spec.packed_tags else out
+        finally:
+            out.close()  # its own clean-up before the lease's, were this task closed early
 
 
 def report_infos(spec: TaskSpec, attempt: tuple[int, int, int], infos: list[Any],
@@ -132,7 +135,7 @@ def _run_leased(
     attempt: tuple[int, int, int],
     key: AttemptKey,
     reporter: MetricsReporter | None,
-) -> Iterator[OutRow]:
+) -> Generator[OutRow, None, None]:
     stage = spec.stage
     forwarded: list[OutRow] = []
     if spec.forwards_metrics:

@@ -36,10 +36,12 @@ from sparkbeam.plan.write_results import without_write_regroups
 
 def plan_batch(
     proto: beam_runner_api_pb2.Pipeline, *, pickle_library: str = "default",
-    is_drain: bool = False, native: bool = True,
+    is_drain: bool = False, native: bool = True, packing: bool = True,
 ) -> Plan:
     """The batch plan of `proto`, its text reads done by Spark where they read Beam's lines
-    exactly (`native`), else by Beam's reader; `Plan.decisions` says which and why."""
+    exactly (`native`), else by Beam's reader; `Plan.decisions` says which and why. `packing`:
+    whether shuffled rows may be packed per key (`plan/packed_rows.py`; not when the job's
+    Arrow batches go by count alone, `--arrow_batch_bytes=rows`)."""
     from apache_beam.runners.pipeline_context import PipelineContext
 
     proto, spark_reads, spark_writes, spark_decisions = translate_spark_io(proto)
@@ -88,7 +90,8 @@ def plan_batch(
     plan = dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         kept_in_spark=kept_in_spark)
-    plan = dataclasses.replace(plan, packed=packed_buffers(plan) if native else frozenset())
+    plan = dataclasses.replace(
+        plan, packed=packed_buffers(plan) if native and packing else frozenset())
     return dataclasses.replace(
         plan, decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
                    + grouping_decisions(plan)

@@ -47,7 +47,9 @@ def grouping_decisions(plan: Plan) -> tuple[str, ...]:
     of several elements: not worth a line each)."""
     comps = beam_runner_api_pb2.Components.FromString(plan.components)
     out: list[str] = []
-    for buffer_id, grouping in sorted(plan.groupings.items(), key=lambda g: g[1].transform_id):
+    # An unlifted combine's GroupByKey has two buffers, of which a stage reads one.
+    packed = {g.transform_id for b, g in plan.groupings.items() if b in plan.packed}
+    for grouping in sorted(plan.groupings.values(), key=lambda g: g.transform_id):
         strategy = comps.windowing_strategies[grouping.windowing_strategy_id]
         if out and out[-1].startswith(f"{grouping.transform_id}: "):
             continue  # an unlifted combine's GroupByKey is listed under two ids
@@ -55,7 +57,7 @@ def grouping_decisions(plan: Plan) -> tuple[str, ...]:
             out.append(f"{grouping.transform_id}: grouped per window by the runner (default "
                        "trigger: one on-time pane per window)" + (
                            "; its input shuffled several of a key's elements a row"
-                           if buffer_id in plan.packed else ""))
+                           if grouping.transform_id in packed else ""))
         elif strategy.window_fn.urn != common_urns.global_windows.urn:
             out.append(f"{grouping.transform_id}: Beam's trigger driver (trigger "
                        f"{strategy.trigger.WhichOneof('trigger')})")

@@ -18,15 +18,18 @@ rows of such an output, per key over a stretch of their output, into one row a k
 size), which is all the JVM sees.
 
 A buffer is packed only where every reader is one of those: each stage that reads it is a
-GROUPED stage whose grouping of it is by window, or a STATEFUL stage (not a splittable one,
-whose bundles are split by element), and nothing else reads it (no side input, no Spark
-write; no text or Spark read or impulse feeds it). Other readers take a row for one element:
-a plain stage, Beam's `GroupingBuffer` through the trigger driver (which does read a stream,
-but is kept out: it is the general path, and `--spark_native=off` keeps every grouping
-there), the global window's grouping from columns (`engine/keyed_columns.py`, which counts
-rows as values), a side input's decoding. Packed rows are not provably small, so a job with
-any keeps Spark's byte limit on its Arrow batches (`plan/arrow_batches.py`), and none are
-packed when `--arrow_batch_bytes=rows` drops it (`packed_tags`).
+GROUPED stage whose grouping of it is by window, or a STATEFUL stage run directly (not a
+splittable one, whose bundles are split by element, nor one through Beam's bundle processor,
+whose bundles `--bundle_size` bounds in elements, where a row would count as one; the direct
+path hands a key over to it only to report the error the key raises), and nothing else reads
+it (no side input, no Spark write; no text or Spark read or impulse feeds it). Other
+readers take a row for one element: a plain stage, Beam's `GroupingBuffer` through the
+trigger driver (which does read a stream, but is kept out: it is the general path, and
+`--spark_native=off` keeps every grouping there), the global window's grouping from columns
+(`engine/keyed_columns.py`, which counts rows as values), a side input's decoding. Packed
+rows are not provably small, so a job with any keeps Spark's byte limit on its Arrow batches
+(`plan/arrow_batches.py`), and none are packed when `--arrow_batch_bytes=rows` drops it
+(`plan_batch(packing=False)`; `packed_tags` checks the limit again).
 """
 from __future__ import annotations
 
@@ -45,7 +48,8 @@ def packed_buffers(plan: Plan) -> frozenset[bytes]:
             grouping = plan.groupings.get(inp.buffer_id)
             readers.setdefault(inp.buffer_id, []).append(
                 (stage.kind is StageKind.GROUPED and grouping is not None and grouping.by_window)
-                or (stage.kind is StageKind.STATEFUL and grouping is None))
+                or (stage.kind is StageKind.STATEFUL and grouping is None
+                    and stage.direct_stateful is not None))
     return frozenset(buffer_id for buffer_id, takes in readers.items()
                      if buffer_id not in other and all(takes))
 

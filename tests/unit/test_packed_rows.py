@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import trigger, userstate, window
 
 from sparkbeam.plan.arrow_batches import NO_BYTE_LIMIT, largest_row
 from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.model import Plan, StageKind
 from sparkbeam.plan.packed_rows import packed_tags
+from sparkbeam.runner import prepare
 
 
 def _grouped(windowing: beam.WindowInto | None, native: bool = True) -> Plan:
@@ -75,7 +77,41 @@ def test_a_stateful_stages_input_is_packed() -> None:
     p = beam.Pipeline()
     _ = (p | beam.Impulse() | beam.FlatMap(lambda _: [(1, 2), (1, 3)])
          .with_output_types(tuple[int, int])
-         | beam.WindowInto(window.Sessions(5)) | beam.ParDo(_Count()))
+         | beam.ParDo(_Count()))
     plan = plan_batch(p.to_runner_api())
     stateful = next(s for s in plan.stages if s.kind is StageKind.STATEFUL)
+    assert stateful.direct_stateful is not None
     assert plan.packed == {stateful.inputs[0].buffer_id}
+
+
+class _CountPerBundle(_Count):
+    def start_bundle(self) -> None:  # Beam's bundle processor runs it: bundles count elements
+        self.seen = 0
+
+
+def test_a_stateful_stage_through_beams_bundle_processor_is_not_packed() -> None:
+    p = beam.Pipeline()
+    _ = (p | beam.Impulse() | beam.FlatMap(lambda _: [(1, 2), (1, 3)])
+         .with_output_types(tuple[int, int]) | beam.ParDo(_CountPerBundle()))
+    plan = plan_batch(p.to_runner_api())
+    stateful = next(s for s in plan.stages if s.kind is StageKind.STATEFUL)
+    assert stateful.direct_stateful is None
+    assert plan.packed == frozenset()
+
+
+def test_batches_by_count_alone_pack_nothing_and_the_log_says_which_grouping_packs() -> None:
+    p = beam.Pipeline()
+    _ = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
+         | beam.Map(lambda x: window.TimestampedValue((x % 3, x), x))
+         .with_output_types(tuple[int, int])
+         | beam.WindowInto(window.Sessions(5)) | "Sum" >> beam.CombinePerKey(sum))
+    proto = p.to_runner_api()
+    plan = prepare(proto, PipelineOptions([]))
+    assert plan.packed
+    # An unlifted combine's GroupByKey, listed once though it has two buffers.
+    assert [d for d in plan.decisions if "grouped per window" in d] == [
+        "Sum/GroupByKey: grouped per window by the runner (default trigger: one on-time pane per "
+        "window); its input shuffled several of a key's elements a row"]
+    rows = prepare(proto, PipelineOptions(["--arrow_batch_bytes=rows"]))
+    assert rows.packed == frozenset()
+    assert not any("shuffled several" in d for d in rows.decisions)
