@@ -24,37 +24,45 @@ MAX_ROW_BYTES = 64 << 10
 def packed(rows: Iterable[OutRow], tags: Set[int], max_rows: int = MAX_ROWS,
            max_bytes: int = MAX_BYTES, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[OutRow]:
     """`rows` with those of `tags` packed per key (see the module doc)."""
-    held: dict[tuple[int, bytes], tuple[list[bytes], list[int]]] = {}
+    # One table a tag, keyed by the key's bytes: this runs once a row of the task's output.
+    held: dict[int, dict[bytes, list[bytes]]] = {tag: {} for tag in tags}
     count = size = 0
     for row in rows:
         tag, key, value = row
-        if key is None or tag not in tags:
-            if tag < 0 and held:
-                yield from _flush(held)
+        table = held.get(tag)
+        if table is None or key is None:
+            if tag < 0 and count:
+                yield from _flush(held, max_row_bytes)
                 count = size = 0
             yield row
             continue
-        found = held.get((tag, key))
+        found = table.get(key)
         if found is None:
-            held[(tag, key)] = ([value], [len(value)])
+            table[key] = [value]
         else:
-            values, row_bytes = found
-            if row_bytes[0] + len(value) > max_row_bytes:
-                yield (tag, key, b"".join(values))
-                values.clear()
-                row_bytes[0] = 0
-            values.append(value)
-            row_bytes[0] += len(value)
+            found.append(value)
         count += 1
         size += len(value)
         if count >= max_rows or size >= max_bytes:
-            yield from _flush(held)
+            yield from _flush(held, max_row_bytes)
             count = size = 0
-    yield from _flush(held)
+    if count:
+        yield from _flush(held, max_row_bytes)
 
 
-def _flush(held: dict[tuple[int, bytes], tuple[list[bytes], list[int]]]) -> Iterator[OutRow]:
-    for (tag, key), (values, _) in held.items():
-        if values:
-            yield (tag, key, b"".join(values))
-    held.clear()
+def _flush(held: dict[int, dict[bytes, list[bytes]]], max_row_bytes: int) -> Iterator[OutRow]:
+    """Each key's held values as rows of at most `max_row_bytes` (or one value larger)."""
+    for tag, table in held.items():
+        for key, values in table.items():
+            joined = values[0] if len(values) == 1 else b"".join(values)
+            if len(joined) <= max_row_bytes or len(values) == 1:
+                yield (tag, key, joined)
+                continue
+            first = taken = 0
+            for n, value in enumerate(values):
+                if taken and taken + len(value) > max_row_bytes:
+                    yield (tag, key, b"".join(values[first:n]))
+                    first, taken = n, 0
+                taken += len(value)
+            yield (tag, key, b"".join(values[first:]))
+        table.clear()
