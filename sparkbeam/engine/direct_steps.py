@@ -286,9 +286,7 @@ def _coded_millis(micros: int) -> int:
 def timestamp_bytes(micros: int) -> bytes:
     """The first 8 bytes of Beam's `WindowedValueCoderImpl` encoding of an element at `micros`:
     `_coded_millis` shifted by 2**63, big endian (what its `encode_to_stream` writes)."""
-    # `_coded_millis`, inline: this runs once an element of a map stage's output.
-    clamped = _MIN_MICROS if micros < _MIN_MICROS else micros
-    return _PACK_U64((-(-clamped // 1000) if clamped < 0 else clamped // 1000) + _SHIFT)
+    return _PACK_U64(_coded_millis(micros) + _SHIFT)
 
 
 def coded_micros(micros: int) -> int:
