@@ -38,12 +38,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.coders import coders
-from apache_beam.coders.coder_impl import WindowedValueCoderImpl
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
 from sparkbeam.engine.arrow import Columns, binary_buffers, columns_of
 from sparkbeam.engine.bundles import Bundle
+from sparkbeam.plan.arrow_batches import PACKED_STRETCH_ROWS
+from sparkbeam.plan.grouping_paths import columnar_coders
 from sparkbeam.plan.model import Grouping
 
 _HEADER = 13  # timestamp (8) + window count (4) + a one-byte pane
@@ -59,6 +60,8 @@ class GlobalGrouping:
     key: Any  # the key coder's impl
     value: Any  # the value coder's impl
     header: bytes  # the grouped element's WindowedValue header
+    # Each row a count and that many values (`engine/packed_rows.py`), not an element.
+    counted: bool = False
 
     def element(self, key: bytes, count: int, values: Iterable[bytes]) -> bytes:
         """The grouped element of `count` nested-encoded values of key `key` (as encoded in
@@ -73,32 +76,18 @@ class GlobalGrouping:
 
 def global_grouping(grouping: Grouping, ctx: Any) -> GlobalGrouping | None:
     """The columnar grouping of `grouping`, or None where it does not apply (other windowing,
-    other coders): those keep `engine/grouping.py`."""
-    if grouping.by_window or not ctx.windowing_strategies[
-            grouping.windowing_strategy_id].is_default():
+    other coders: `columnar_coders`): those keep `engine/grouping.py`."""
+    found = columnar_coders(grouping, ctx)
+    if found is None:
         return None
-    pre, post = ctx.coders[grouping.input_coder_id], ctx.coders[grouping.output_coder_id]
-    if not (isinstance(pre, coders.WindowedValueCoder)
-            and isinstance(post, coders.WindowedValueCoder)
-            and isinstance(pre.window_coder, coders.GlobalWindowCoder)
-            and isinstance(post.window_coder, coders.GlobalWindowCoder)
-            and type(pre.get_impl()) is WindowedValueCoderImpl):
-        return None
-    kv, grouped = pre.wrapped_value_coder, post.wrapped_value_coder
-    if not (isinstance(kv, coders.TupleCoder) and isinstance(grouped, coders.TupleCoder)
-            and len(kv.coders()) == 2 and len(grouped.coders()) == 2):
-        return None
-    key, value = kv.coders()
-    post_key, values = grouped.coders()
-    if not (post_key == key and isinstance(values, coders.IterableCoder)
-            and values.value_coder() == value):
-        return None
+    pre, key, value = found
     # The grouped element's header: the same WindowedValue over a value of known bytes.
-    probe = coders.WindowedValueCoder(coders.BytesCoder(), post.window_coder).get_impl()
+    probe = coders.WindowedValueCoder(coders.BytesCoder(), pre.window_coder).get_impl()
     wrapped = probe.encode_nested(GlobalWindows.windowed_value(
         b"", timestamp=GlobalWindow().max_timestamp(), pane_info=_GROUPED_PANE))
     return GlobalGrouping(pre=pre.get_impl(), key=key.get_impl(), value=value.get_impl(),
-                          header=wrapped[:-1])  # less the empty bytes' length (0)
+                          header=wrapped[:-1],  # less the empty bytes' length (0)
+                          counted=grouping.counted)
 
 
 @dataclass
@@ -111,9 +100,14 @@ class _Batch:
     ok: np.ndarray  # rows whose value is cut out of the buffer directly
     cut: np.ndarray  # those values, back to back
     cut_ends: np.ndarray  # end of each ok row's value in `cut` (a bad row ends where it starts)
+    # How many values the rows before each row hold (then all of them): one an element, a
+    # counted row's count.
+    held: list[int]
 
 
-def _runs(batch: pa.RecordBatch) -> _Batch:
+def _runs(batch: pa.RecordBatch, counted: list[int]) -> _Batch:
+    """`batch`'s runs, its rows' values cut out; `counted`, the inputs whose rows are counted
+    (`engine/packed_rows.py`: a big-endian int32 count, then the values)."""
     cols = columns_of(batch)
     keys = batch.column(1)
     n = len(cols.inputs)
@@ -127,7 +121,30 @@ def _runs(batch: pa.RecordBatch) -> _Batch:
     key_data = np.frombuffer(key_view, dtype=np.uint8)
     begin, end = cols.offsets[:-1], cols.offsets[1:]
     key_len = np.diff(key_offsets)
-    ok = (end - begin) >= _HEADER + key_len
+    packs = (np.isin(cols.inputs, counted) if counted else np.zeros(n, dtype=bool))
+    ok = cuttable(data, begin, end, key_offsets, key_data, ~packs)
+    # The ok rows' values: [begin + header + key length, end), cut in one masked copy; a
+    # counted row's all of [begin + 4, end).
+    value_begin = np.where(packs, begin + 4, begin + _HEADER + key_len)
+    counts = np.ones(n, dtype=np.int64)
+    if packs.any():
+        counts[packs] = _counts(data, begin[packs], end[packs])
+        ok |= packs
+    cut = cut_out(data, value_begin[ok], end[ok])
+    cut_ends = np.cumsum(np.where(ok, end - value_begin, 0))
+    return _Batch(cols, keys, starts, ok, cut, cut_ends,
+                  np.concatenate(([0], np.cumsum(counts))).tolist())
+
+
+def cuttable(data: np.ndarray, begin: np.ndarray, end: np.ndarray, key_offsets: np.ndarray,
+             key_data: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Which of the elements [begin, end) of `data` (those `ok` says to look at) are a global
+    window's `WindowedValue(KV)` whose value starts right after a 13-byte header (one window, a
+    one-byte pane) and the key's bytes (`key_offsets` into `key_data`, one a row): the value
+    is then `[begin + 13 + key length, end)`."""
+    n = len(begin)
+    key_len = np.diff(key_offsets)
+    ok = ok & ((end - begin) >= _HEADER + key_len)
     last = max(len(data) - 1, 0)
     at = np.where(ok, begin, 0)
 
@@ -143,13 +160,34 @@ def _runs(batch: pa.RecordBatch) -> _Batch:
         where = np.minimum(np.where(ok[row], at[row] + _HEADER + in_key, 0), last)
         same = data[where] == key_data
         ok &= np.bincount(row[~same], minlength=n) == 0
-    # The ok rows' values: [begin + header + key length, end), cut in one masked copy.
-    value_begin = begin + _HEADER + key_len
-    marks = (np.bincount(value_begin[ok], minlength=len(data) + 1)
-             - np.bincount(end[ok], minlength=len(data) + 1))
-    cut = data[np.cumsum(marks[:-1]) > 0]
-    cut_ends = np.cumsum(np.where(ok, end - value_begin, 0))
-    return _Batch(cols, keys, starts, ok, cut, cut_ends)
+    return ok
+
+
+def cut_out(data: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The bytes [begin, end) of `data` of each row, back to back, in one gather (its index
+    as long as what it cuts, not as `data`)."""
+    lengths = end - begin
+    if not len(lengths):
+        return data[:0]
+    before = np.cumsum(lengths) - lengths
+    return data[np.arange(int(before[-1] + lengths[-1])) + np.repeat(begin - before, lengths)]
+
+
+def _counts(data: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The counts (big-endian int32) that counted rows [begin, end) start with. A row too
+    short for one, or a count below one, is no row a producer packed: an error, not a guess."""
+    if np.any(end - begin < 4):
+        raise ValueError("a grouped input's packed row holds no count: its producer did not "
+                         "pack it (a row of fewer than 4 bytes)")
+    quads = data[begin[:, None] + np.arange(4)].astype(np.int64)
+    counts = (quads[:, 0] << 24) | (quads[:, 1] << 16) | (quads[:, 2] << 8) | quads[:, 3]
+    # A producer packs at most a stretch's rows in one. An element's first 4 bytes (its
+    # timestamp's highest) make a count of 1 to 100,000 only within ~13,600 years of the
+    # earliest timestamp: a net for a plan's mistake, not a proof.
+    if np.any((counts < 1) | (counts > PACKED_STRETCH_ROWS)):
+        raise ValueError("a grouped input's packed row counts no values or more than a "
+                         "producer packs: its producer did not pack it")
+    return counts
 
 
 def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes: int,
@@ -160,6 +198,7 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
     current: tuple[bytes, int] | None = None
     pieces: list[bytes] = []
     count = 0
+    counted = [n for n, g in groupings.items() if g.counted]
 
     def close_run() -> None:
         nonlocal count
@@ -173,7 +212,7 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
     for record_batch in _slices(batches):
         if record_batch.column(1).null_count:
             raise ValueError("a grouped input row has no key")
-        batch = _runs(record_batch)
+        batch = _runs(record_batch, counted)
         # Per run, Python values taken from the batch once (not a NumPy or Arrow call per run:
         # most runs of a combiner's merge or a word count are one or two rows long).
         firsts = batch.starts[:-1]
@@ -182,6 +221,7 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
         keys = batch.keys.take(pa.array(firsts)).to_pylist()
         whole = np.logical_and.reduceat(batch.ok, firsts).tolist()
         ends = batch.cut_ends.tolist()
+        held = batch.held
         cut = batch.cut.tobytes()
         for r, key in enumerate(keys):
             a, b, n = starts[r], starts[r + 1], inputs[r]
@@ -196,22 +236,29 @@ def keyed_column_bundles(batches: Iterable[pa.RecordBatch], size: int, max_bytes
                 pieces.append(cut[ends[a - 1] if a else 0:ends[b - 1]])
             else:
                 pieces.extend(_values(batch, cut, ends, a, b, groupings[n]))
-            count += b - a
+            count += held[b] - held[a]
     close_run()
     bundle.closes_keys = True
     yield bundle
 
 
-#: The most rows `_runs` takes at once: its NumPy temporaries are ~18 times a batch's bytes,
-#: and a batch can hold up to 100,000 rows (`plan/arrow_batches.py`).
+#: The most rows `_runs` takes at once, and about the most bytes: its NumPy temporaries are
+#: ~18 times a slice's bytes, and a batch can hold up to 100,000 rows
+#: (`plan/arrow_batches.py`), or rows of up to ~1 KB where they are packed.
 _RUN_ROWS = 10_000
+_RUN_BYTES = 1 << 20
 
 
 def _slices(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The batches' rows in slices of at most `_RUN_ROWS` (no copy), empty ones left out."""
+    """The batches' rows in slices of at most `_RUN_ROWS` and, where rows are larger than
+    ~100 bytes, about `_RUN_BYTES` (no copy), empty ones left out."""
     for batch in batches:
-        for start in range(0, batch.num_rows, _RUN_ROWS):
-            yield batch.slice(start, _RUN_ROWS)
+        if not batch.num_rows:
+            continue
+        size = batch.column(2).nbytes
+        rows = max(1, min(_RUN_ROWS, _RUN_BYTES * batch.num_rows // max(size, 1)))
+        for start in range(0, batch.num_rows, rows):
+            yield batch.slice(start, rows)
 
 
 def _values(batch: _Batch, cut: bytes, ends: list[int], a: int, b: int,

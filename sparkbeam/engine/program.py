@@ -44,6 +44,7 @@ class StageProgram:
     input_ids: tuple[str, ...]  # stage input index -> its DATA_INPUT transform
     out_index: Mapping[str, int]  # DATA_OUTPUT transform -> stage output index
     key_impls: Mapping[str, tuple[Any, Any]]  # DATA_OUTPUT -> (element impl, key impl)
+    out_coders: Mapping[int, Any]  # keyed stage output index -> its elements' coder
     timer_impls: Mapping[TimerFamilyId, Any]
     timer_domains: Mapping[TimerFamilyId, int]
     groupers: Mapping[int, Grouper]  # stage input index -> how batch groups it per key
@@ -106,6 +107,9 @@ def build_program(stage: Stage, components: bytes, groupings: Mapping[bytes, Gro
         descriptor=descriptor,
         input_ids=input_ids,
         out_index={o.transform_id: n for n, o in enumerate(stage.outputs)},
+        # Keyed outputs' only (as `key_impls`): a counted output is one.
+        out_coders={n: ctx.coders[o.coder_id] for n, o in enumerate(stage.outputs)
+                    if o.key_coder_id},
         key_impls={
             o.transform_id: (ctx.coders[o.coder_id].get_impl(),
                              ctx.coders[o.key_coder_id].get_impl())
@@ -149,7 +153,7 @@ def _stateful(stage: Stage, components: bytes) -> StatefulProgram | None:
     return StatefulProgram(stage, components) if stage.direct_stateful is not None else None
 
 
-_PROGRAMS: collections.OrderedDict[tuple[str, str, frozenset[bytes], Any], StageProgram] = (
+_PROGRAMS: collections.OrderedDict[tuple[str, str, frozenset[Grouping], Any], StageProgram] = (
     collections.OrderedDict())
 _LOCK = threading.Lock()
 _MAX_PROGRAMS = 64
@@ -161,7 +165,9 @@ def program_for(stage: Stage, components: bytes, groupings: Mapping[bytes, Group
     groups GroupByKey inputs itself; a streaming stage gets them grouped, and no groupings."""
     digest = hashlib.sha1(stage.descriptor)
     digest.update(components)
-    grouped = frozenset(i.buffer_id for i in stage.inputs if i.buffer_id in groupings)
+    # The groupings whole: a stage's buffer is grouped per window or not, counted or not,
+    # as the plan says (`--spark_native`, `--arrow_batch_bytes`).
+    grouped = frozenset(groupings[i.buffer_id] for i in stage.inputs if i.buffer_id in groupings)
     # The direct chain too: a stage with and without one (the tests' two paths) differ.
     key = (stage.label, digest.hexdigest(), grouped, (stage.direct, stage.direct_stateful))
     with _LOCK:

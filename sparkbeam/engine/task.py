@@ -26,7 +26,7 @@ from sparkbeam.control.metrics_channel import AttemptKey, MetricsReporter
 from sparkbeam.control.rebalance_channel import RebalanceClient
 from sparkbeam.control.worker import Worker
 from sparkbeam.engine import context
-from sparkbeam.engine.arrow import ArrowRows, Columns, rows_of
+from sparkbeam.engine.arrow import ArrowRows, Columns, arrow_rows, rows_of
 from sparkbeam.engine.direct import DirectRun
 from sparkbeam.engine.direct_stateful import StatefulRun
 from sparkbeam.engine.keyed_columns import keyed_column_bundles
@@ -40,7 +40,7 @@ from sparkbeam.engine.bundles import (
     plain_bundles,
 )
 from sparkbeam.engine.grouping import ByWindowGrouper
-from sparkbeam.engine.packed_rows import packed
+from sparkbeam.engine.packed_rows import counted_value, packed
 from sparkbeam.engine.program import Chunks, OutRow, StageProgram, program_for
 from sparkbeam.engine.run import StageRun
 from sparkbeam.engine.task_errors import error_payload
@@ -81,6 +81,9 @@ class TaskSpec:
     # Output tags whose rows are packed per key (`engine/packed_rows.py`): every reader of
     # their buffers takes several of a key's elements in a row (`plan/packed_rows.py`).
     packed_tags: frozenset[int] = frozenset()
+    # Output tags whose rows are counted (`engine/packed_rows.py`): every reader of their
+    # buffers groups the global window from columns and takes each row for a count and values.
+    counted_tags: frozenset[int] = frozenset()
 
 
 def run_stage_task(
@@ -112,9 +115,28 @@ def run_stage_task(
         worker = LeasedOnUse(stack, lease, side_inputs)
         out = _run_leased(spec, program, worker, rows, side_inputs, attempt, key, reporter)
         try:
-            yield from packed(out, spec.packed_tags) if spec.packed_tags else out
+            if spec.packed_tags or spec.counted_tags:
+                counted = {n: counted_value(program.out_coders[n]) for n in spec.counted_tags}
+                yield from packed(out, spec.packed_tags, counted=counted)
+            else:
+                yield from out
         finally:
             out.close()  # its own clean-up before the lease's, were this task closed early
+
+
+def _counted_rows(spec: TaskSpec, program: StageProgram, rows: Iterable[Row]) -> Iterable[Row]:
+    """`rows`, as Arrow batches where an input's rows are counted (`engine/packed_rows.py`):
+    only the grouping from columns reads those, and it reads Arrow batches. A plan that counts
+    rows no such grouping reads is a bug to report, not rows to take for elements."""
+    counted = [i.buffer_id for i in spec.stage.inputs
+               if i.buffer_id in spec.groupings and spec.groupings[i.buffer_id].counted]
+    if not counted:
+        return rows
+    if not program.column_groupings or not spec.stage.kind.keyed:
+        names = ", ".join(sorted(spec.groupings[b].transform_id for b in counted))
+        raise ValueError(f"{spec.stage.display}: the input of {names} is packed as counted "
+                         "values, but this stage does not group it from columns")
+    return rows if isinstance(rows, ArrowRows) else arrow_rows(list(rows))  # type: ignore[arg-type]
 
 
 def report_infos(spec: TaskSpec, attempt: tuple[int, int, int], infos: list[Any],
@@ -140,6 +162,7 @@ def _run_leased(
     forwarded: list[OutRow] = []
     if spec.forwards_metrics:
         rows = _without_metric_rows(rows, forwarded)
+    rows = _counted_rows(spec, program, rows)
     run = StageRun(program, worker, spec.bundle_size, reporter)
     try:
         if program.direct is None and program.stateful is None:

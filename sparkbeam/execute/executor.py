@@ -205,6 +205,9 @@ class Executor:
 
     def _run_on_driver(self, run: _Run, spec: TaskSpec, side: dict[Any, Any] | None) -> None:
         stage = spec.stage
+        if spec.packed_tags or spec.counted_tags:  # it keeps values, not keys: no reader's
+            raise ExecutionError(f"{stage.display}: planned to run in the driver, but its "
+                                 "output is packed for a keyed reader")
         rows = [(n, None, value) for n, i in enumerate(stage.inputs)
                 for value in ([ENCODED_IMPULSE_VALUE] if i.buffer_id == IMPULSE_BUFFER
                               else run.materialised[i.buffer_id])]
@@ -228,7 +231,10 @@ class Executor:
         self.stage_partitions[stage.label] = 1
 
     def _spec(self, plan: Plan, stage: Stage, job_id: str) -> TaskSpec:
+        packed, counted = packed_tags(plan, stage)
         return TaskSpec(
+            packed_tags=packed,
+            counted_tags=counted,
             stage=stage,
             components=plan.components,
             groupings={i.buffer_id: plan.groupings[i.buffer_id]
@@ -302,8 +308,7 @@ class Executor:
             stage_in, prepare = arrange(self.ds, stage_in, len(stage.inputs))
             partitions = self.ds.parallelism
         shipped = self.ds.ship(side) if side is not None else None
-        spec = dataclasses.replace(spec, partitions=max(1, partitions), packed_tags=packed_tags(
-            run.plan, stage, self.settings.arrow_batch_bytes))
+        spec = dataclasses.replace(spec, partitions=max(1, partitions))
         into_shuffle = [o.buffer_id for o in stage.outputs if o.buffer_id in run.plan_shuffled]
         once = stage.label in run.plan_once
         out = self.ds.map_stage(stage_in, functools.partial(_task, spec, shipped), stage.display,

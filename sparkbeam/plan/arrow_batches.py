@@ -51,6 +51,14 @@ MAX_BATCH_ROWS = 100_000
 #: Spark's default byte limit over its default row limit: rows this small
 #: fill a 10,000-row batch to at most the 64 MB Spark would allow.
 MAX_ROW_BYTES = (64 << 20) // SPARK_BATCH_ROWS
+#: Where a packed row (`engine/packed_rows.py`) is cut: several of a key's elements, less than
+#: this many bytes of them and one more (a counted row's count besides). Below
+#: `MAX_ROW_BYTES` with room for a key and an element, so a job of provably small elements
+#: packed stays provably small and is batched by count (Spark's byte check on every row cost a
+#: skewed GroupByKey ~20 % of its run, module doc).
+PACKED_ROW_BYTES = 1024
+#: The most rows a producer packs at once: so no packed row holds more values than this.
+PACKED_STRETCH_ROWS = 100_000
 
 _C = common_urns.coders
 # Largest encodings of Beam's standard coders of fixed-size values.
@@ -183,16 +191,23 @@ def largest_row(plan: Plan) -> int | None:
         return None
     read: list[str] = [write.coder_id for write in plan.spark_writes]
     comps = beam_runner_api_pb2.Components.FromString(plan.components)
+    packed = 0
     for stage in plan.stages:
         exempt = False
         for use in stage.inputs:
             if use.buffer_id == IMPULSE_BUFFER or use.buffer_id in plan.text_reads:
                 continue
-            if use.buffer_id in plan.packed:
-                return None  # several elements a row, as many as fit (`packed_rows.py`)
             # A grouped input's rows are its ungrouped elements (grouped in the worker).
             grouping = plan.groupings.get(use.buffer_id)
             coder_id = grouping.input_coder_id if grouping else use.coder_id
+            if use.buffer_id in plan.packed:
+                # Elements a row up to `PACKED_ROW_BYTES`, one more and a count; the key at
+                # most an element's.
+                value = max_encoded_size(coder_id, comps.coders)
+                if value is None:
+                    return None
+                packed = max(packed, _ROW_OVERHEAD + 2 * value + PACKED_ROW_BYTES + 4)
+                continue
             if (grouping is None and not exempt
                     and max_encoded_size(coder_id, comps.coders) is None
                     and holds_one_element(comps, use.buffer_id)):
@@ -201,7 +216,7 @@ def largest_row(plan: Plan) -> int | None:
                 exempt = True
                 continue
             read.append(coder_id)
-    largest = 0
+    largest = packed
     for coder_id in read:
         value = max_encoded_size(coder_id, comps.coders)
         if value is None:

@@ -30,7 +30,7 @@ from sparkbeam.plan.native_spark import (
     with_constant_windowing,
 )
 from sparkbeam.plan.native_text import translate_text_reads, wire_prefix
-from sparkbeam.plan.packed_rows import packed_buffers
+from sparkbeam.plan.packed_rows import packed_buffers, with_counted
 from sparkbeam.plan.write_results import without_write_regroups
 
 
@@ -90,8 +90,9 @@ def plan_batch(
     plan = dataclasses.replace(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         kept_in_spark=kept_in_spark)
-    plan = dataclasses.replace(
-        plan, packed=packed_buffers(plan) if native and packing else frozenset())
+    if native and packing:
+        packed, counted = packed_buffers(plan)
+        plan = dataclasses.replace(plan, packed=packed, groupings=with_counted(plan, counted))
     return dataclasses.replace(
         plan, decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
                    + grouping_decisions(plan)

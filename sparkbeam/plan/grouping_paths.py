@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from apache_beam.coders import coders
+from apache_beam.coders.coder_impl import WindowedValueCoderImpl
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations
 
-from sparkbeam.plan.model import Plan
+from sparkbeam.plan.model import Grouping, Plan
 
 
 def is_trivial(strategy: beam_runner_api_pb2.WindowingStrategy) -> bool:
@@ -39,6 +41,35 @@ def groups_by_window(strategy: beam_runner_api_pb2.WindowingStrategy) -> bool:
     trigger fires each window once, so Beam's trigger driver adds nothing. The trivial global
     windowing keeps `GroupingBuffer`'s own list (its pane is the last, the driver's is not)."""
     return strategy.trigger.WhichOneof("trigger") == "default" and not is_trivial(strategy)
+
+
+def columnar_coders(grouping: Grouping, ctx: Any
+                    ) -> tuple[coders.WindowedValueCoder, coders.Coder, coders.Coder] | None:
+    """The (pre-grouping, key, value) coders of a GroupByKey that batch groups from Arrow
+    columns (`engine/keyed_columns.py`): the trivial global windowing, a windowed KV in and a
+    windowed KV of the key and an iterable of the same values out, Beam's own windowed value
+    encoding. None for any other: those go row by row (`engine/grouping.py`). Prepare asks
+    it too, to pack such a grouping's input (`plan/packed_rows.py`)."""
+    if grouping.by_window or not ctx.windowing_strategies[
+            grouping.windowing_strategy_id].is_default():
+        return None
+    pre, post = ctx.coders[grouping.input_coder_id], ctx.coders[grouping.output_coder_id]
+    if not (isinstance(pre, coders.WindowedValueCoder)
+            and isinstance(post, coders.WindowedValueCoder)
+            and isinstance(pre.window_coder, coders.GlobalWindowCoder)
+            and isinstance(post.window_coder, coders.GlobalWindowCoder)
+            and type(pre.get_impl()) is WindowedValueCoderImpl):
+        return None
+    kv, grouped = pre.wrapped_value_coder, post.wrapped_value_coder
+    if not (isinstance(kv, coders.TupleCoder) and isinstance(grouped, coders.TupleCoder)
+            and len(kv.coders()) == 2 and len(grouped.coders()) == 2):
+        return None
+    key, value = kv.coders()
+    post_key, values = grouped.coders()
+    if not (post_key == key and isinstance(values, coders.IterableCoder)
+            and values.value_coder() == value):
+        return None
+    return pre, key, value
 
 
 def grouping_decisions(plan: Plan) -> tuple[str, ...]:
@@ -58,6 +89,10 @@ def grouping_decisions(plan: Plan) -> tuple[str, ...]:
                        "trigger: one on-time pane per window)" + (
                            "; its input shuffled several of a key's elements a row"
                            if grouping.transform_id in packed else ""))
+        elif grouping.counted:
+            out.append(f"{grouping.transform_id}: grouped from columns by the runner (the "
+                       "global window); its input shuffled as counted values, several of a "
+                       "key's a row")
         elif strategy.window_fn.urn != common_urns.global_windows.urn:
             out.append(f"{grouping.transform_id}: Beam's trigger driver (trigger "
                        f"{strategy.trigger.WhichOneof('trigger')})")

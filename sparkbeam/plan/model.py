@@ -114,6 +114,10 @@ class Grouping:
     # Batch: grouped per window by the runner (the default trigger, windows other than the
     # trivial global one: `engine/grouping.py`), else by Beam's GroupingBuffer.
     by_window: bool = False
+    # Batch, the global window grouped from columns (`engine/keyed_columns.py`): every row of
+    # its buffer is a count and that many of a key's values, encoded without their windowed
+    # headers and keys (`plan/packed_rows.py`), never an element.
+    counted: bool = False
 
 
 @dataclass(frozen=True)

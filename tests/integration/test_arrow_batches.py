@@ -13,7 +13,14 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from sparkbeam import SparkRunner
 from sparkbeam.execute.dataset import ARROW_BATCH_BYTES, ARROW_BATCH_ROWS, Datasets
-from sparkbeam.plan.arrow_batches import MAX_BATCH_ROWS, NO_BYTE_LIMIT, batch_limits
+from sparkbeam.plan.arrow_batches import (
+    MAX_BATCH_ROWS,
+    NO_BYTE_LIMIT,
+    SPARK_BATCH_ROWS,
+    batch_limits,
+    batch_rows,
+    largest_row,
+)
 from sparkbeam.runner import prepare
 from tests.integration.conftest import run_and_collect
 
@@ -55,9 +62,10 @@ def test_the_limit_is_a_property_of_this_threads_jobs(spark) -> None:  # type: i
 
 
 def _many_small_pairs(p):  # type: ignore[no-untyped-def]
-    # 60,000 small typed pairs: each of the two partitions' rows past Spark's 10,000 a batch.
+    # 60,000 small typed pairs of ~30,000 keys: each of the two partitions' rows past Spark's
+    # 10,000 a batch, counted per key (`plan/packed_rows.py`) or not.
     return (p | beam.Impulse() | beam.FlatMap(lambda _: range(60_000)).with_output_types(int)
-            | beam.Map(lambda x: (x % 701, x)).with_output_types(tuple[int, int])
+            | beam.Map(lambda x: (x % 30_011, x)).with_output_types(tuple[int, int])
             | beam.GroupByKey()
             | beam.MapTuple(lambda k, vs: (k, len(vs), sum(vs), min(vs), max(vs))))
 
@@ -66,7 +74,11 @@ def test_batches_of_more_rows_than_sparks_default_give_fnapis_output(tmp_path) -
     # The job `run_and_collect` runs is one whose rows are provably small.
     p = beam.Pipeline(options=PipelineOptions([]))
     _ = (_many_small_pairs(p) | beam.Map(repr) | beam.io.WriteToText(str(tmp_path / "out")))
-    assert batch_limits("auto", prepare(p.to_runner_api(), p.options))[1] == MAX_BATCH_ROWS
+    # Its GroupByKey's input counted (`plan/packed_rows.py`): rows of up to ~1 KB, so as many
+    # as fit 64 MB.
+    plan = prepare(p.to_runner_api(), p.options)
+    assert plan.packed
+    assert batch_limits("auto", plan)[:2] == (NO_BYTE_LIMIT, batch_rows(largest_row(plan)))
     expected = run_and_collect(_many_small_pairs, FnApiRunner())
     assert run_and_collect(_many_small_pairs, SparkRunner(), ["--parallelism=2"]) == expected
 
@@ -105,7 +117,8 @@ def test_a_job_sets_its_rows_unless_the_session_cuts_at_more_than_fit(spark, mon
     monkeypatch.setattr(Datasets, "arrow_batch_limits", recorded)
     expected = run_and_collect(_many_small_pairs, FnApiRunner())
     assert run_and_collect(_many_small_pairs, SparkRunner()) == expected
-    assert seen == [(NO_BYTE_LIMIT, MAX_BATCH_ROWS)]
+    assert len(seen) == 1 and seen[0][0] == NO_BYTE_LIMIT
+    assert SPARK_BATCH_ROWS < (seen[0][1] or 0) <= MAX_BATCH_ROWS
     spark.conf.set(ARROW_BATCH_ROWS, str(MAX_BATCH_ROWS * 10))
     try:
         assert run_and_collect(_many_small_pairs, SparkRunner()) == expected

@@ -12,6 +12,7 @@ from sparkbeam.plan.arrow_batches import (
     MAX_BATCH_ROWS,
     MAX_ROW_BYTES,
     NO_BYTE_LIMIT,
+    PACKED_ROW_BYTES,
     SPARK_BATCH_ROWS,
     batch_limits,
     batch_rows,
@@ -60,7 +61,7 @@ def test_unbounded_coders_have_no_bound(coder: coders.Coder) -> None:
     assert _size(coder) is None
 
 
-def _plan(typed_strings: bool):  # type: ignore[no-untyped-def]
+def _plan(typed_strings: bool, packing: bool = False):  # type: ignore[no-untyped-def]
     p = beam.Pipeline()
     # Impulse, not Create: Create's reshuffle carries each element's windowing as a pickle.
     pairs = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
@@ -72,7 +73,8 @@ def _plan(typed_strings: bool):  # type: ignore[no-untyped-def]
              | "Again" >> beam.GroupByKey())
     else:
         _ = pairs | "Again" >> beam.GroupByKey()
-    return plan_batch(p.to_runner_api())
+    # Unpacked, but where a test says: packed rows are bounded otherwise (below).
+    return plan_batch(p.to_runner_api(), packing=packing)
 
 
 def test_a_plan_of_small_typed_elements_batches_by_count() -> None:
@@ -86,6 +88,21 @@ def test_a_plan_of_small_typed_elements_batches_by_count() -> None:
     limit, rows, why = batch_limits("auto", plan)
     assert (limit, rows) == (NO_BYTE_LIMIT, MAX_BATCH_ROWS)
     assert f"{MAX_BATCH_ROWS:,} rows" in why and f"at most {largest} bytes" in why
+
+
+def test_packed_rows_of_small_elements_stay_provably_small() -> None:
+    # Both GroupByKeys' inputs counted (`plan/packed_rows.py`): a row is less than
+    # PACKED_ROW_BYTES of values, one more and a count, a key at most an
+    # element, and the row's overhead.
+    plan = _plan(typed_strings=False, packing=True)
+    assert plan.packed and all(plan.groupings[b].counted for b in plan.packed)
+    element = (8 + 4 + 1 + 10 + 10) + 2 * (10 + 5)  # as the largest row's above
+    assert largest_row(plan) == 20 + 2 * element + PACKED_ROW_BYTES + 4
+    assert rows_provably_small(plan)
+    limit, rows, _ = batch_limits("auto", plan)
+    assert limit == NO_BYTE_LIMIT and SPARK_BATCH_ROWS < rows < MAX_BATCH_ROWS
+    # Strings bound nothing: packed or not, the byte limit stays.
+    assert largest_row(_plan(typed_strings=True, packing=True)) is None
 
 
 def test_a_stage_reading_strings_keeps_sparks_limit_unless_told() -> None:

@@ -1,15 +1,16 @@
 """Which buffers a batch plan packs several of a key's elements a row into (plan/packed_rows): only
-those every reader groups per window or hands a stateful DoFn, never under --spark_native=off or
-batches by count."""
+those every reader groups per window or hands a stateful DoFn (streamed), or groups from columns
+in the global window (counted), never under --spark_native=off or batches by count."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import trigger, userstate, window
 
-from sparkbeam.plan.arrow_batches import NO_BYTE_LIMIT, largest_row
+from sparkbeam.plan.arrow_batches import PACKED_ROW_BYTES, largest_row
 from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.model import Plan, StageKind
 from sparkbeam.plan.packed_rows import packed_tags
@@ -17,6 +18,10 @@ from sparkbeam.runner import prepare
 
 
 def _grouped(windowing: beam.WindowInto | None, native: bool = True) -> Plan:
+    return plan_batch(_proto(windowing), native=native)
+
+
+def _proto(windowing: beam.WindowInto | None) -> Any:
     p = beam.Pipeline()
     pairs = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
              | beam.Map(lambda x: window.TimestampedValue((x % 3, x), x))
@@ -24,7 +29,7 @@ def _grouped(windowing: beam.WindowInto | None, native: bool = True) -> Plan:
     if windowing is not None:
         pairs = pairs | windowing
     _ = pairs | beam.GroupByKey() | beam.MapTuple(lambda k, vs: (k, sorted(vs)))
-    return plan_batch(p.to_runner_api(), native=native)
+    return p.to_runner_api()
 
 
 def _group_input(plan: Plan) -> bytes:
@@ -38,31 +43,51 @@ def test_a_grouping_per_window_is_packed_and_its_producer_packs_it() -> None:
     assert plan.groupings[buffer_id].by_window
     assert plan.packed == {buffer_id}
     producer = next(s for s in plan.stages if any(o.buffer_id == buffer_id for o in s.outputs))
-    tags = packed_tags(plan, producer, None)
-    assert [producer.outputs[n].buffer_id for n in tags] == [buffer_id]
-    # Batches by count alone take rows as small as their coders: nothing packed then.
-    assert packed_tags(plan, producer, NO_BYTE_LIMIT) == frozenset()
-    assert packed_tags(plan, producer, 1 << 20) == tags
+    tags, counted = packed_tags(plan, producer)
+    assert [producer.outputs[n].buffer_id for n in tags] == [buffer_id] and not counted
 
 
-def test_the_global_windows_beams_own_grouping_and_no_native_paths_are_not_packed() -> None:
-    # The global window's grouping from columns counts rows as values.
-    assert _grouped(None).packed == frozenset()
+def test_the_global_windows_grouping_from_columns_is_counted() -> None:
+    # Its reader cuts values out of rows and counts rows as values: every row counted.
+    plan = _grouped(None)
+    buffer_id = _group_input(plan)
+    assert plan.packed == {buffer_id} and plan.groupings[buffer_id].counted
+    assert not plan.groupings[buffer_id].by_window
+    producer = next(s for s in plan.stages if any(o.buffer_id == buffer_id for o in s.outputs))
+    tags, counted = packed_tags(plan, producer)
+    assert not tags and [producer.outputs[n].buffer_id for n in counted] == [buffer_id]
+    # Batched by count on the user's say (`--arrow_batch_bytes=rows`): nothing packed.
+    unpacked = plan_batch(_proto(None), packing=False)
+    assert unpacked.packed == frozenset()
+    assert not any(g.counted for g in unpacked.groupings.values())
+
+
+def test_beams_own_grouping_and_no_native_paths_are_not_packed() -> None:
     # --spark_native=off: Beam's GroupingBuffer and trigger driver everywhere.
-    assert _grouped(beam.WindowInto(window.Sessions(5)), native=False).packed == frozenset()
+    for windowing in (None, beam.WindowInto(window.Sessions(5))):
+        plan = _grouped(windowing, native=False)
+        assert plan.packed == frozenset()
+        assert not any(g.counted for g in plan.groupings.values())
     # A trigger of its own: Beam's trigger driver groups it.
     repeated = beam.WindowInto(window.FixedWindows(5), trigger=trigger.Repeatedly(
         trigger.AfterCount(2)), accumulation_mode=trigger.AccumulationMode.DISCARDING)
     assert _grouped(repeated).packed == frozenset()
+    # The global window with a trigger of its own: not grouped from columns.
+    global_repeated = beam.WindowInto(window.GlobalWindows(), trigger=trigger.Repeatedly(
+        trigger.AfterCount(2)), accumulation_mode=trigger.AccumulationMode.DISCARDING)
+    assert _grouped(global_repeated).packed == frozenset()
 
 
-def test_a_packed_input_keeps_sparks_byte_limit() -> None:
+def test_a_packed_input_is_bounded_by_its_cut() -> None:
     # The global window, grouped per window by the runner (its lateness is not the default's):
-    # its elements' coder bounds them, its packed rows nothing.
+    # its elements' coder bounds them, and its packed rows hold less than PACKED_ROW_BYTES
+    # of them and one more (a count besides).
     plan = _grouped(beam.WindowInto(window.GlobalWindows(), allowed_lateness=10))
     assert plan.packed == {_group_input(plan)}
-    assert largest_row(plan) is None
-    assert largest_row(dataclasses.replace(plan, packed=frozenset())) is not None
+    unpacked = largest_row(dataclasses.replace(plan, packed=frozenset()))
+    assert unpacked is not None
+    element = (unpacked - 20) // 2  # a row: 20 bytes of overhead, the element, its key
+    assert largest_row(plan) == 20 + 2 * element + PACKED_ROW_BYTES + 4
 
 
 class _Count(beam.DoFn):
@@ -115,3 +140,27 @@ def test_batches_by_count_alone_pack_nothing_and_the_log_says_which_grouping_pac
     rows = prepare(proto, PipelineOptions(["--arrow_batch_bytes=rows"]))
     assert rows.packed == frozenset()
     assert not any("shuffled several" in d for d in rows.decisions)
+
+
+def test_the_log_says_which_global_grouping_is_counted() -> None:
+    p = beam.Pipeline()
+    _ = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
+         | beam.Map(lambda x: (x % 3, x)).with_output_types(tuple[int, int])
+         | "Group" >> beam.GroupByKey())
+    proto = p.to_runner_api()
+    assert [d for d in prepare(proto, PipelineOptions([])).decisions if "columns" in d] == [
+        "Group: grouped from columns by the runner (the global window); its input shuffled as "
+        "counted values, several of a key's a row"]
+    for flag in ("--arrow_batch_bytes=rows", "--spark_native=off"):
+        assert not any("columns" in d for d in prepare(proto, PipelineOptions([flag])).decisions)
+
+
+def test_a_lifted_combines_grouping_is_not_counted() -> None:
+    # Its pre-combine holds one accumulator a key a task already: nothing to pack.
+    p = beam.Pipeline()
+    _ = (p | beam.Impulse() | beam.FlatMap(lambda _: range(20)).with_output_types(int)
+         | beam.Map(lambda x: (x % 3, x)).with_output_types(tuple[int, int])
+         | "Sum" >> beam.CombinePerKey(sum))
+    plan = plan_batch(p.to_runner_api())
+    (grouping,) = [g for g in plan.groupings.values() if g.transform_id.startswith("Sum/")]
+    assert not grouping.counted and grouping.buffer_id not in plan.packed

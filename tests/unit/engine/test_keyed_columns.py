@@ -2,6 +2,7 @@
 groups, in the bundles `keyed_bundles` cuts row by row."""
 from __future__ import annotations
 
+import dataclasses
 from unittest import mock
 
 import pyarrow as pa
@@ -20,6 +21,7 @@ from sparkbeam.engine.bundles import keyed_bundles
 from sparkbeam.engine.grouping import TriggerDriverGrouper
 from sparkbeam.engine import keyed_columns
 from sparkbeam.engine.keyed_columns import global_grouping, keyed_column_bundles
+from sparkbeam.engine.packed_rows import counted_value, packed
 from sparkbeam.plan.model import Grouping
 
 # (key coder, value coder, values)
@@ -115,6 +117,62 @@ def test_column_groups_are_grouping_buffers_in_the_same_bundles(  # type: ignore
         got = list(keyed_column_bundles(_batches(rows, cut, sliced), size, max_bytes,
                                         {0: column, 1: column}))
     assert _shape(got) == _shape(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), which=st.integers(0, len(CODERS) - 1), size=st.integers(1, 6),
+       max_bytes=st.integers(1, 300), cut=st.integers(1, 30),
+       max_rows=st.sampled_from([1, 2, 7, 1000]), row_bytes=st.sampled_from([1, 8, 1024]),
+       run_rows=st.sampled_from([1, 3, keyed_columns._RUN_ROWS]), sliced=st.booleans())
+def test_counted_rows_group_as_the_elements_they_pack(  # type: ignore[no-untyped-def]
+        data, which, size, max_bytes, cut, max_rows, row_bytes, run_rows, sliced) -> None:
+    # The producer counts its rows (`engine/packed_rows.py`) in stretches of `max_rows`, cut
+    # at `row_bytes`; the shuffle brings a key's rows together (in order, here); grouped from
+    # the counted rows, the groups and bundles are GroupingBuffer's of the elements.
+    key_coder, value_coder, values = CODERS[which]
+    grouping, ctx = _grouping(key_coder, value_coder)
+    pre_coder = ctx.coders[grouping.input_coder_id]
+    pre = pre_coder.get_impl()
+    key_impl = key_coder.get_impl()
+    elements = data.draw(st.lists(st.tuples(
+        st.integers(0, 1), KEYS[type(key_coder).__name__], values,
+        st.integers(-(2 ** 50), 2 ** 50), st.sampled_from(ODD)), max_size=50))
+    rows = []
+    for n, key, value, micros, odd in elements:
+        pane = PANES[1 + micros % 2] if odd == "pane" else PANES[0]
+        windows = [] if odd == "no window" else [window.GlobalWindow()]
+        row = pre.encode_nested(WindowedValue((key, value), Timestamp(micros=micros), windows,
+                                              pane))
+        if odd == "padded key" and row[13] < 64:
+            row = row[:13] + bytes([row[13] | 0x80, 0]) + row[14:]
+        rows.append((n, key_impl.encode_nested(key), row))
+    grouper = TriggerDriverGrouper(grouping, ctx)
+    expected = keyed_bundles(sorted(rows, key=lambda r: (r[1], r[0])), size, max_bytes,
+                             {0: grouper, 1: grouper})
+    strip = counted_value(pre_coder)
+    counted = list(packed(rows, frozenset(), max_rows=max_rows, max_row_bytes=row_bytes,
+                          counted={0: strip, 1: strip}))
+    assert len(counted) <= len(rows)
+    # Less than the cut of values, one more and the count (`arrow_batches.largest_row`).
+    largest = max((len(r[2]) for r in rows), default=0)
+    assert all(len(value) < row_bytes + largest + 4 for _, _, value in counted)
+    counted.sort(key=lambda r: (r[1], r[0]))
+    column = dataclasses.replace(global_grouping(grouping, ctx), counted=True)
+    with mock.patch.object(keyed_columns, "_RUN_ROWS", run_rows):
+        got = list(keyed_column_bundles(_batches(counted, cut, sliced), size, max_bytes,
+                                        {0: column, 1: column}))
+    assert _shape(got) == _shape(expected)
+
+
+def test_a_counted_input_of_uncounted_rows_is_an_error_not_elements() -> None:
+    grouping, ctx = _grouping(coders.VarIntCoder(), coders.VarIntCoder())
+    column = dataclasses.replace(global_grouping(grouping, ctx), counted=True)
+    # A row of fewer than 4 bytes, and one whose first 4 say no values: no producer packed them.
+    for value, match in ((b"\x01\x02", "holds no count"), (b"\x00\x00\x00\x00\x05",
+                                                            "counts no values")):
+        with pytest.raises(ValueError, match=match):
+            list(keyed_column_bundles(_batches([(0, b"\x01", value)], 5, False), 5, 100,
+                                      {0: column}))
 
 
 def test_no_rows_make_one_empty_bundle_that_closes_its_keys() -> None:
