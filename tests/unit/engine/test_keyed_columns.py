@@ -3,6 +3,7 @@ groups, in the bundles `keyed_bundles` cuts row by row."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from unittest import mock
 
 import pyarrow as pa
@@ -78,19 +79,9 @@ def _batches(rows: list[tuple[int, bytes, bytes]], cut: int, sliced: bool
     return batches
 
 
-def _shape(bundles):  # type: ignore[no-untyped-def]
-    return [({n: b"".join(parts) for n, parts in b.chunks.items()}, b.counts, b.count, b.size,
-             b.closes_keys) for b in bundles]
-
-
-@settings(max_examples=200, deadline=None)
-@given(data=st.data(), which=st.integers(0, len(CODERS) - 1), size=st.integers(1, 6),
-       max_bytes=st.integers(1, 300), cut=st.integers(1, 30), sliced=st.booleans(),
-       run_rows=st.sampled_from([1, 3, 7, keyed_columns._RUN_ROWS]))
-def test_column_groups_are_grouping_buffers_in_the_same_bundles(  # type: ignore[no-untyped-def]
-        data, which, size, max_bytes, cut, sliced, run_rows) -> None:
-    # `run_rows`: the slices a batch is grouped in (a batch of up to 100,000 rows is taken
-    # 10,000 at a time), down to one row.
+def _drawn_rows(data: Any, which: int) -> tuple[Grouping, PipelineContext, list[Any]]:
+    """A grouping of `CODERS[which]` and generated rows of its input: (input, key column,
+    element), some elements of the `ODD` kinds."""
     key_coder, value_coder, values = CODERS[which]
     grouping, ctx = _grouping(key_coder, value_coder)
     pre = ctx.coders[grouping.input_coder_id].get_impl()
@@ -108,6 +99,23 @@ def test_column_groups_are_grouping_buffers_in_the_same_bundles(  # type: ignore
             # The key's leading varint padded: not the key column's bytes, the same key.
             row = row[:13] + bytes([row[13] | 0x80, 0]) + row[14:]
         rows.append((n, key_impl.encode_nested(key), row))
+    return grouping, ctx, rows
+
+
+def _shape(bundles):  # type: ignore[no-untyped-def]
+    return [({n: b"".join(parts) for n, parts in b.chunks.items()}, b.counts, b.count, b.size,
+             b.closes_keys) for b in bundles]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), which=st.integers(0, len(CODERS) - 1), size=st.integers(1, 6),
+       max_bytes=st.integers(1, 300), cut=st.integers(1, 30), sliced=st.booleans(),
+       run_rows=st.sampled_from([1, 3, 7, keyed_columns._RUN_ROWS]))
+def test_column_groups_are_grouping_buffers_in_the_same_bundles(  # type: ignore[no-untyped-def]
+        data, which, size, max_bytes, cut, sliced, run_rows) -> None:
+    # `run_rows`: the slices a batch is grouped in (a batch of up to 100,000 rows is taken
+    # 10,000 at a time), down to one row.
+    grouping, ctx, rows = _drawn_rows(data, which)
     rows.sort(key=lambda r: (r[1], r[0]))
     grouper = TriggerDriverGrouper(grouping, ctx)
     expected = keyed_bundles(rows, size, max_bytes, {0: grouper, 1: grouper})
@@ -129,23 +137,8 @@ def test_counted_rows_group_as_the_elements_they_pack(  # type: ignore[no-untype
     # The producer counts its rows (`engine/packed_rows.py`) in stretches of `max_rows`, cut
     # at `row_bytes`; the shuffle brings a key's rows together (in order, here); grouped from
     # the counted rows, the groups and bundles are GroupingBuffer's of the elements.
-    key_coder, value_coder, values = CODERS[which]
-    grouping, ctx = _grouping(key_coder, value_coder)
+    grouping, ctx, rows = _drawn_rows(data, which)
     pre_coder = ctx.coders[grouping.input_coder_id]
-    pre = pre_coder.get_impl()
-    key_impl = key_coder.get_impl()
-    elements = data.draw(st.lists(st.tuples(
-        st.integers(0, 1), KEYS[type(key_coder).__name__], values,
-        st.integers(-(2 ** 50), 2 ** 50), st.sampled_from(ODD)), max_size=50))
-    rows = []
-    for n, key, value, micros, odd in elements:
-        pane = PANES[1 + micros % 2] if odd == "pane" else PANES[0]
-        windows = [] if odd == "no window" else [window.GlobalWindow()]
-        row = pre.encode_nested(WindowedValue((key, value), Timestamp(micros=micros), windows,
-                                              pane))
-        if odd == "padded key" and row[13] < 64:
-            row = row[:13] + bytes([row[13] | 0x80, 0]) + row[14:]
-        rows.append((n, key_impl.encode_nested(key), row))
     grouper = TriggerDriverGrouper(grouping, ctx)
     expected = keyed_bundles(sorted(rows, key=lambda r: (r[1], r[0])), size, max_bytes,
                              {0: grouper, 1: grouper})
