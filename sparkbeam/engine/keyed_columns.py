@@ -120,12 +120,11 @@ def _runs(batch: pa.RecordBatch, counted: list[int]) -> _Batch:
     key_offsets, key_view = binary_buffers(keys)
     key_data = np.frombuffer(key_view, dtype=np.uint8)
     begin, end = cols.offsets[:-1], cols.offsets[1:]
-    key_len = np.diff(key_offsets)
     packs = (np.isin(cols.inputs, counted) if counted else np.zeros(n, dtype=bool))
-    ok = cuttable(data, begin, end, key_offsets, key_data, ~packs)
-    # The ok rows' values: [begin + header + key length, end), cut in one masked copy; a
-    # counted row's all of [begin + 4, end).
-    value_begin = np.where(packs, begin + 4, begin + _HEADER + key_len)
+    ok, value_begin = cuttable(data, begin, end, key_offsets, key_data, ~packs)
+    # The ok rows' values: [value_begin, end), cut in one gather; a counted row's all of
+    # [begin + 4, end).
+    value_begin = np.where(packs, begin + 4, value_begin)
     counts = np.ones(n, dtype=np.int64)
     if packs.any():
         counts[packs] = _counts(data, begin[packs], end[packs])
@@ -137,11 +136,11 @@ def _runs(batch: pa.RecordBatch, counted: list[int]) -> _Batch:
 
 
 def cuttable(data: np.ndarray, begin: np.ndarray, end: np.ndarray, key_offsets: np.ndarray,
-             key_data: np.ndarray, ok: np.ndarray) -> np.ndarray:
+             key_data: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Which of the elements [begin, end) of `data` (those `ok` says to look at) are a global
     window's `WindowedValue(KV)` whose value starts right after a 13-byte header (one window, a
-    one-byte pane) and the key's bytes (`key_offsets` into `key_data`, one a row): the value
-    is then `[begin + 13 + key length, end)`."""
+    one-byte pane) and the key's bytes (`key_offsets` into `key_data`, one a row), and where
+    each one's value then starts: it is `[start, end)`."""
     n = len(begin)
     key_len = np.diff(key_offsets)
     ok = ok & ((end - begin) >= _HEADER + key_len)
@@ -160,7 +159,7 @@ def cuttable(data: np.ndarray, begin: np.ndarray, end: np.ndarray, key_offsets: 
         where = np.minimum(np.where(ok[row], at[row] + _HEADER + in_key, 0), last)
         same = data[where] == key_data
         ok &= np.bincount(row[~same], minlength=n) == 0
-    return ok
+    return ok, begin + _HEADER + key_len
 
 
 def cut_out(data: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:

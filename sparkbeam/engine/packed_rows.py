@@ -19,9 +19,9 @@ big-endian int32 count, then that many values, each as its grouping's value code
 without the element's timestamp, window, pane and key; a new row starts each time a key's
 values pass another multiple of the cut. Every row of a counted tag is counted, one of a single
 value too: its reader takes every row of it for one. The values are cut out of the elements
-with NumPy, by the reader's own check (`keyed_columns.cuttable`); a stretch with an element it
-rejects (another pane encoding, a key encoded otherwise) goes through `counted_value`, which
-decodes such an element with Beam's coders.
+with NumPy, by the reader's own check (`keyed_columns.cuttable`); an element it rejects
+(another pane encoding, a key encoded otherwise) goes through `counted_value`, which decodes
+it with Beam's coders.
 """
 from __future__ import annotations
 
@@ -41,33 +41,26 @@ MAX_ROWS = PACKED_STRETCH_ROWS
 # Bytes held at most: a stretch's NumPy temporaries are ~17 times them.
 MAX_BYTES = 4 << 20
 
-#: (the row's key, its element) -> the element's value, nested-encoded
-Strip = Callable[[bytes, bytes], bytes]
-
-_ONE_WINDOW = b"\x00\x00\x00\x01"
+#: An element -> its value, nested-encoded (`counted_value`)
+Revalue = Callable[[bytes], bytes]
 
 
-def counted_value(coder: Any) -> Strip:
+def counted_value(coder: Any) -> Revalue:
     """What a counted row holds of an element of `coder` (a global-window `WindowedValue(KV)`'s
-    coder, as `plan.grouping_paths.columnar_coders` takes it): the bytes after its 13-byte
-    header (a timestamp, one window, a one-byte pane) and its key, when the key is the key
-    column's bytes, else the value decoded and encoded again."""
+    coder, as `plan.grouping_paths.columnar_coders` takes it) that `keyed_columns.cuttable`
+    does not cut: its value, decoded and encoded again, as `GlobalGrouping.value_of` does."""
     decode = coder.get_impl().decode_nested
     encode = coder.wrapped_value_coder.coders()[1].get_impl().encode_nested
 
-    def strip(key: bytes, element: bytes) -> bytes:
-        end = 13 + len(key)
-        if (len(element) >= end and element.startswith(key, 13) and element[12] < 16
-                and element.startswith(_ONE_WINDOW, 8)):
-            return element[end:]
+    def revalue(element: bytes) -> bytes:
         return encode(decode(element).value[1])  # type: ignore[no-any-return]
 
-    return strip
+    return revalue
 
 
 def packed(rows: Iterable[OutRow], tags: Set[int], max_rows: int = MAX_ROWS,
            max_bytes: int = MAX_BYTES, max_row_bytes: int = PACKED_ROW_BYTES,
-           counted: Mapping[int, Strip] | None = None) -> Iterator[OutRow]:
+           counted: Mapping[int, Revalue] | None = None) -> Iterator[OutRow]:
     """`rows` with those of `tags` packed per key, and those of `counted`'s tags counted (see
     the module doc)."""
     counted = counted or {}
@@ -79,9 +72,9 @@ def packed(rows: Iterable[OutRow], tags: Set[int], max_rows: int = MAX_ROWS,
     def flush() -> Iterator[OutRow]:
         for tag, kept in held.items():
             if kept:
-                strip = counted.get(tag)
-                yield from (_streamed_rows(kept, max_row_bytes) if strip is None
-                            else _counted_rows(tag, kept, strip, max_row_bytes))
+                revalue = counted.get(tag)
+                yield from (_streamed_rows(kept, max_row_bytes) if revalue is None
+                            else _counted_rows(tag, kept, revalue, max_row_bytes))
                 kept.clear()
 
     for row in rows:
@@ -127,7 +120,7 @@ def _streamed_rows(kept: list[OutRow], max_row_bytes: int) -> Iterator[OutRow]:
         yield (tag, key, b"".join(values[first:]))
 
 
-def _counted_rows(tag: int, kept: list[OutRow], strip: Strip, max_row_bytes: int
+def _counted_rows(tag: int, kept: list[OutRow], revalue: Revalue, max_row_bytes: int
                   ) -> list[OutRow]:
     """A stretch's rows of a counted tag: per key, in the order the keys first came, its
     values in order, a row each time they pass another `max_row_bytes` (so a row holds less
@@ -146,14 +139,15 @@ def _counted_rows(tag: int, kept: list[OutRow], strip: Strip, max_row_bytes: int
     key_offsets, key_view = binary_buffers(keyed.dictionary.take(pa.array(group)))
     begin, end = offsets[:-1], offsets[1:]
     n = len(begin)
-    if cuttable(data, begin, end, key_offsets, np.frombuffer(key_view, dtype=np.uint8),
-                np.ones(n, dtype=bool)).all():
-        start = begin + 13 + np.diff(key_offsets)
+    ok, start = cuttable(data, begin, end, key_offsets, np.frombuffer(key_view, dtype=np.uint8),
+                         np.ones(n, dtype=bool))
+    if ok.all():
         values = cut_out(data, start, end)
         lengths = end - start
-    else:  # an element its header or key does not cut: each through `strip`, in Python
-        row_keys = keyed.dictionary.take(pa.array(group)).to_pylist()
-        parts = [strip(k, e) for k, e in zip(row_keys, ordered.to_pylist(), strict=True)]
+    else:  # an element its header or key does not cut: the stretch in Python, it by `revalue`
+        skips = (start - begin).tolist()
+        parts = [element[skip:] if good else revalue(element) for element, skip, good
+                 in zip(ordered.to_pylist(), skips, ok.tolist(), strict=True)]
         values = np.frombuffer(b"".join(parts), dtype=np.uint8)
         lengths = np.array([len(part) for part in parts], dtype=np.int64)
     # Each value's bytes before it in its key's, and the rows: a new one where the key changes

@@ -131,6 +131,6 @@ def packed_tags(plan: Plan, stage: Stage) -> tuple[frozenset[int], frozenset[int
                      if o.buffer_id in plan.packed and n not in counted), counted
 
 
-def with_counted(plan: Plan, counted: frozenset[bytes]) -> dict[bytes, Any]:
+def with_counted(plan: Plan, counted: frozenset[bytes]) -> dict[bytes, Grouping]:
     """`plan`'s groupings, those of `counted` marked so (`Grouping.counted`)."""
     return {b: dataclasses.replace(g, counted=b in counted) for b, g in plan.groupings.items()}

@@ -142,9 +142,9 @@ def test_counted_rows_group_as_the_elements_they_pack(  # type: ignore[no-untype
     grouper = TriggerDriverGrouper(grouping, ctx)
     expected = keyed_bundles(sorted(rows, key=lambda r: (r[1], r[0])), size, max_bytes,
                              {0: grouper, 1: grouper})
-    strip = counted_value(pre_coder)
+    revalue = counted_value(pre_coder)
     counted = list(packed(rows, frozenset(), max_rows=max_rows, max_row_bytes=row_bytes,
-                          counted={0: strip, 1: strip}))
+                          counted={0: revalue, 1: revalue}))
     assert len(counted) <= len(rows)
     # Less than the cut of values, one more and the count (`arrow_batches.largest_row`).
     largest = max((len(r[2]) for r in rows), default=0)
