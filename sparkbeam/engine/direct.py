@@ -43,16 +43,25 @@ from sparkbeam.engine.arrow import Columns, text_lines
 from sparkbeam.engine.bundles import Bundle, GroupedBatch
 from sparkbeam.engine.direct_sessions import (
     encode_into_sessions,
+    encode_micros_into_sessions,
     sessions_gap,
     window_layout,
+)
+from sparkbeam.engine.direct_stamps import (
+    encode_sharing,
+    encode_stamped,
+    in_global_window,
+    stamped_micros,
+    windowed,
 )
 from sparkbeam.engine.direct_steps import (
     Fallback,
     Step,
     apply_step,
+    call_step,
     coded_micros,
     no_process,
-    timestamp_bytes,
+    settled,
     with_views,
 )
 from sparkbeam.engine.direct_writes import BundleWrites, WriteFailed
@@ -214,6 +223,14 @@ class DirectRun:
             (self.steps[-1], gap, layout) if gap is not None and layout is not None
             and program.combine is None and program.kv_impls is not None
             and self.writes is None else None)
+        # The last function step before the encoding (or before that WindowInto), whose
+        # TimestampedValue results may be encoded from micros (`engine/direct_stamps.py`).
+        before = self.steps if self.sessions_last is None else self.steps[:-1]
+        self.stamps_at = (
+            len(before) - 1 if before and before[-1].window_into is None
+            and before[-1].phase is None and type(before[-1].window_fn) is GlobalWindows
+            and program.combine is None and self.writes is None
+            and program.kv_impls is not None and program.value_impl is not None else None)
 
     def run(self, columns: Iterator[Any], fallback: Callable[[Iterator[Any]], Iterator[OutRow]],
             decode: Callable[[Any], Decoded] | None = None) -> Iterator[OutRow]:
@@ -275,9 +292,18 @@ class DirectRun:
                                             metrics_container=container)
 
             last = self.sessions_last
-            for step in self.steps if last is None else self.steps[:-1]:
+            # The last function step's results as values and micros, when they are
+            # TimestampedValues the encoding can take so (`engine/direct_stamps.py`).
+            stamped: tuple[list[Any], list[int]] | None = None
+            for n, step in enumerate(self.steps if last is None else self.steps[:-1]):
                 with scope(step.transform_id, step.name):
-                    values, src = apply_step(step, values, src, wvs)
+                    if n == self.stamps_at:
+                        out, out_src = call_step(step, values, src, wvs)
+                        stamped = stamped_micros(step, out, wvs)
+                        values, src = ((stamped[0], None) if stamped is not None
+                                       else settled(step, out, out_src, wvs))
+                    else:
+                        values, src = apply_step(step, values, src, wvs)
                 counts.append(len(values))
             if program.combine is not None:
                 with scope(program.combine.transform_id, program.combine.name):
@@ -287,8 +313,15 @@ class DirectRun:
                 step, gap, prefixed = last
                 with scope(step.transform_id, step.name):
                     assert program.kv_impls is not None
-                    fast = encode_into_sessions(step, gap, values, src, wvs,
-                                                program.out_impl, program.kv_impls, prefixed)
+                    if stamped is not None:
+                        fast = encode_micros_into_sessions(
+                            step, gap, *stamped, in_global_window(stamped[0][0], stamped[1][0]),
+                            program.out_impl, program.kv_impls, prefixed)
+                        if fast is None:
+                            values, src = windowed(stamped, wvs)
+                    else:
+                        fast = encode_into_sessions(step, gap, values, src, wvs,
+                                                    program.out_impl, program.kv_impls, prefixed)
                     if fast is None:
                         values, src = apply_step(step, values, src, wvs)
                 counts.append(len(values))
@@ -307,7 +340,14 @@ class DirectRun:
                     raise WriteFailed(f"{self.writes.step.name}: handing on a bundle's file "
                                       f"failed: {exc!r}") from exc
             else:
-                rows = self._encode(values, src, wvs)
+                found = None
+                if stamped is not None:
+                    assert program.kv_impls is not None
+                    found = encode_stamped(self._header, program.kv_impls, *stamped,
+                                           in_global_window(stamped[0][0], stamped[1][0]))
+                    if found is None:
+                        values, src = windowed(stamped, wvs)
+                rows = self._encode(values, src, wvs) if found is None else found
         except (Fallback, WriteFailed):
             raise
         except Exception as exc:  # noqa: BLE001 - Beam's bundle processor raises it its way
@@ -369,7 +409,8 @@ class DirectRun:
             if rows is not None:
                 return rows
         elif src is not None and values:
-            rows = self._encode_stamped(values, src, wvs)
+            rows = (None if self.program.kv_impls is None or self.program.value_impl is None
+                    else encode_sharing(self._header, self.program.kv_impls, values, src, wvs))
             if rows is not None:
                 return rows
         if src is None:
@@ -420,40 +461,6 @@ class DirectRun:
         whole = self.program.out_impl.encode_nested(wv.with_value(value))
         tail = value_impl.encode_nested(value)
         return whole[:len(whole) - len(tail)] if whole.endswith(tail) else None
-
-    def _encode_stamped(self, values: list[Any], src: list[int], wvs: list[WindowedValue]
-                        ) -> list[OutRow] | None:
-        """`_encode` of (key, value) pairs whose windowed values share the first's one window
-        (the same object, as `_stamped` gives every result in the global window) and pane but
-        not their timestamps (a Map returning `TimestampedValue`s): each element is its
-        timestamp's 8 bytes (`timestamp_bytes`), the rest of the first's header, the key's
-        bytes (encoded once, for the key column too) and the value's. None when the layout
-        is not that (checked on the first element against Beam's encoding) or an element
-        differs."""
-        program = self.program
-        if program.kv_impls is None or program.value_impl is None:
-            return None
-        first = wvs[src[0]]
-        windows, pane = first.windows, first.pane_info
-        if len(windows) != 1 or type(values[0]) is not tuple or len(values[0]) != 2:
-            return None
-        header = self._header(first, values[0])
-        if header is None or header[:8] != timestamp_bytes(first.timestamp_micros):
-            return None
-        rest = header[8:]
-        window = windows[0]
-        key_of, value_of = (impl.encode_nested for impl in program.kv_impls)
-        rows: list[OutRow] = []
-        append = rows.append
-        for i, v in zip(src, values, strict=True):
-            wv = wvs[i]
-            ws = wv.windows
-            if (wv.pane_info is not pane or len(ws) != 1 or ws[0] is not window
-                    or type(v) is not tuple or len(v) != 2):
-                return None
-            k = key_of(v[0])
-            append((0, k, timestamp_bytes(wv.timestamp_micros) + rest + k + value_of(v[1])))
-        return rows
 
     def _combine(self, values: list[Any]) -> list[OutRow]:
         """Each (key, value) added to its key's accumulator. The table's entries are `[acc]`,

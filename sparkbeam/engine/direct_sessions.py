@@ -94,8 +94,24 @@ def encode_into_sessions(step: Step, gap: int, values: list[Any], src: list[int]
     `window_layout`); None when the batch must go the general way."""
     if not values:
         return []
+    micros: list[int] = []
+    add = micros.append
+    for k in range(len(values)):
+        wv = wvs[0 if src is None else src[k]]
+        if len(wv.windows) != 1:
+            return None
+        add(wv.timestamp_micros)
+    return encode_micros_into_sessions(step, gap, values, micros, wvs[0 if src is None else src[0]],
+                                       out_impl, kv_impls, prefixed)
+
+
+def encode_micros_into_sessions(step: Step, gap: int, values: list[Any], micros: list[int],
+                                first: WindowedValue, out_impl: Any, kv_impls: tuple[Any, Any],
+                                prefixed: bool) -> list[OutRow] | None:
+    """`encode_into_sessions` of values at timestamps `micros` (each element in one window;
+    `first` is the first one's windowed value); None when the batch must go the general way."""
     key_of, value_of = (impl.encode_nested for impl in kv_impls)
-    first, v0 = wvs[0 if src is None else src[0]], values[0]
+    v0 = values[0]
     if len(first.windows) != 1 or type(v0) is not tuple or len(v0) != 2:
         return None
     # Beam's own encoding of the first element fixes the pane's bytes and checks the rest.
@@ -105,7 +121,7 @@ def encode_into_sessions(step: Step, gap: int, values: list[Any], src: list[int]
     if not beams.endswith(tail):
         return None
     leads = _leads(gap, prefixed)
-    lead = leads(first.timestamp_micros)
+    lead = leads(micros[0])
     # The default pane is one byte; checking its length too keeps a window's bytes from
     # passing for the pane's.
     if not beams.startswith(lead) or len(beams) - len(tail) - len(lead) != 1:
@@ -113,13 +129,9 @@ def encode_into_sessions(step: Step, gap: int, values: list[Any], src: list[int]
     pane = beams[len(lead):len(beams) - len(tail)]
     rows: list[OutRow] = []
     append = rows.append
-    at: Callable[[int], int] = (lambda k: 0) if src is None else src.__getitem__
-    for k, v in enumerate(values):
-        wv = wvs[at(k)]
-        micros = wv.timestamp_micros
-        if (len(wv.windows) != 1 or type(v) is not tuple or len(v) != 2
-                or micros < _MIN_MICROS or micros + gap > _MAX_MICROS):
+    for v, at in zip(values, micros, strict=True):
+        if type(v) is not tuple or len(v) != 2 or at < _MIN_MICROS or at + gap > _MAX_MICROS:
             return None
         key = key_of(v[0])
-        append((0, key, leads(micros) + pane + key + value_of(v[1])))
+        append((0, key, leads(at) + pane + key + value_of(v[1])))
     return rows

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from apache_beam.coders import coders
 from apache_beam.coders.coder_impl import create_InputStream
@@ -143,26 +143,36 @@ assert _TIMER._fields == ("user_key", "dynamic_timer_tag", "windows", "clear_bit
                           "fire_timestamp", "hold_timestamp", "paneinfo"), _TIMER._fields
 
 
-class _Timer(userstate.BaseTimer):
-    """Beam's `OutputTimer`, writing straight into the key's pending timers."""
+class _At(NamedTuple):
+    """The element a timer is set from, as Beam's `get_timer` gets it: its timestamp and pane."""
+    timestamp: Any
+    pane_info: Any
 
-    def __init__(self, keyed: _KeyState, family: Any, window: Any, timestamp: Any,
-                 pane: Any, event_time: bool) -> None:
+
+class _Timer(userstate.BaseTimer):
+    """Beam's `OutputTimer`, writing straight into the key's pending timers. `element` is
+    what the timer is set from: its timestamp is read only at a set in processing time (the
+    timer's hold), so the direct `_Process` keeps one timer a key and points it at each
+    element in turn, without making a Timestamp or a timer an element."""
+
+    def __init__(self, keyed: _KeyState, family: Any, window: Any, element: Any,
+                 event_time: bool) -> None:
         self._keyed = keyed
         self._pending = keyed.book.pending.setdefault(family, {})
         self._window = window
-        self._input_timestamp = timestamp
-        self._pane = pane
+        self.element = element
         self._event_time = event_time
 
     def set(self, ts: Any, dynamic_timer_tag: str = "") -> None:
         # Set once an element in many DoFns (the bench's stateful one): Timestamp.of's checks
         # skipped for a Timestamp, the Timer made from positions (its fields' order).
         fire = _millis(ts if type(ts) is Timestamp else Timestamp.of(ts))
-        hold = fire if self._event_time else _millis(Timestamp.of(self._input_timestamp))
+        element = self.element
+        hold = fire if self._event_time else _millis(Timestamp.of(element.timestamp))
         keyed = self._keyed
         self._pending[(keyed.encoded, dynamic_timer_tag, self._window)] = _TIMER(
-            keyed.user_key, dynamic_timer_tag, (self._window,), False, fire, hold, self._pane)
+            keyed.user_key, dynamic_timer_tag, (self._window,), False, fire, hold,
+            element.pane_info)
 
     def clear(self, dynamic_timer_tag: str = "") -> None:
         self._pending.pop((self._keyed.encoded, dynamic_timer_tag, self._window), None)
@@ -193,9 +203,14 @@ class _Context(userstate.UserStateContext):
 
     def get_timer(self, timer_spec: Any, key: Any, window: Any, timestamp: Any,
                   pane: Any) -> _Timer:
+        return self.timer(timer_spec, window, _At(timestamp, pane))
+
+    def timer(self, timer_spec: Any, window: Any, element: Any) -> _Timer:
+        """The running key's timer of `timer_spec`, set from `element` (anything with a
+        `timestamp` and a `pane_info`)."""
         assert self.keyed is not None
         family, event_time = self._program.timer_families[timer_spec.name]
-        return _Timer(self.keyed, family, window, timestamp, pane, event_time)
+        return _Timer(self.keyed, family, window, element, event_time)
 
     def get_state(self, state_spec: Any, key: Any, window: Any) -> Any:
         assert self.keyed is not None
@@ -265,33 +280,45 @@ class _Process:
             check_user_dofn_output=(not isinstance(dofn, CallableWrapperDoFn)
                                     and not inspect.isgeneratorfunction(method)))
         self._args: list[Any] = []
+        self._key_timers: list[_Timer] = []
+        # The process method's one per-element argument when that is the element itself.
+        self._element_at = (self._per_element[0][0] if [k for _, k in self._per_element]
+                            == [_ELEMENT] else None)
 
     def begin(self, key: Any, window: Any) -> None:
-        """A new key (and its window): its state arguments placed."""
+        """A new key (and its window): its state and timer arguments placed. A timer object
+        serves all of the key's elements (`_Timer.element` moved to each), where Beam's
+        invoker asks for one an element: the same timer, and the same window."""
         args, _ = util.insert_values_in_args(self._template, self._kwargs, [])
         self._args = list(args)
         for i, spec in self._states:
             self._args[i] = self._context.get_state(spec, key, window)
+        self._key_timers = []
+        for i, spec in self._timers:
+            timer = self._args[i] = self._context.timer(spec, window, None)
+            self._key_timers.append(timer)
 
     def __call__(self, wv: Any) -> None:
         args = self._args
-        window, = wv.windows
-        key = wv.value[0]
-        for i, kind in self._per_element:
-            if kind == _ELEMENT:
-                args[i] = wv.value
-            elif kind == _KEY:
-                args[i] = key
-            elif kind == _WINDOW:
-                args[i] = window
-            elif kind == _WINDOWED:
-                args[i] = wv
-            elif kind == _TIMESTAMP:
-                args[i] = wv.timestamp
-            else:
-                args[i] = wv.pane_info
-        for i, spec in self._timers:
-            args[i] = self._context.get_timer(spec, key, window, wv.timestamp, wv.pane_info)
+        if self._element_at is not None:  # the element alone (the usual process method)
+            args[self._element_at] = wv.value
+        else:
+            window, = wv.windows
+            for i, kind in self._per_element:
+                if kind == _ELEMENT:
+                    args[i] = wv.value
+                elif kind == _KEY:
+                    args[i] = wv.value[0]
+                elif kind == _WINDOW:
+                    args[i] = window
+                elif kind == _WINDOWED:
+                    args[i] = wv
+                elif kind == _TIMESTAMP:
+                    args[i] = wv.timestamp
+                else:
+                    args[i] = wv.pane_info
+        for timer in self._key_timers:
+            timer.element = wv
         self._handler.handle_process_outputs(wv, self._method(*args, **self._kwargs), None)
 
 

@@ -82,8 +82,20 @@ def apply_step(step: Step, values: list[Any], src: list[int] | None, wvs: list[W
     if step.phase is not None:
         apply = step.phase.apply
         return [(key, apply(grouped)) for key, grouped in values], src
-    out, out_src = _call_windowed(step, values, src, wvs) if step.window_at else _call(
-        step, values, src)
+    out, out_src = call_step(step, values, src, wvs)
+    return settled(step, out, out_src, wvs)
+
+
+def call_step(step: Step, values: list[Any], src: list[int] | None, wvs: list[WindowedValue]
+              ) -> tuple[list[Any], list[int] | None]:
+    """A function step's results as its function gave them (`settled` windows them)."""
+    return _call_windowed(step, values, src, wvs) if step.window_at else _call(step, values, src)
+
+
+def settled(step: Step, out: list[Any], out_src: list[int] | None, wvs: list[WindowedValue]
+            ) -> tuple[list[Any], list[int] | None]:
+    """`call_step`'s results as `apply_step` gives them: `TimestampedValue`s in windowed values
+    of their own."""
     types = set(map(type, out))
     if any(issubclass(t, _SPECIAL) for t in types):
         if any(issubclass(t, _SPECIAL) and not issubclass(t, TimestampedValue) for t in types):

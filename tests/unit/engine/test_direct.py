@@ -297,11 +297,11 @@ def test_side_inputs_in_the_global_window_equal_the_bundle_processors(
 @given(micros=st.integers(-(2**63), 2**63 - 1) | st.integers(-3000, 3000)
        | st.sampled_from([MIN_TIMESTAMP.micros, MAX_TIMESTAMP.micros, -1, -999, -1000, -1001]))
 def test_timestamp_bytes_are_beams(micros: int) -> None:
-    """The 8 bytes `_encode_stamped` puts before each element's header: Beam's own."""
+    """The 8 bytes `direct_stamps.encode_stamped` puts before each element's header: Beam's own."""
     from apache_beam.coders import coders
     from apache_beam.utils import windowed_value
 
-    from sparkbeam.engine.direct import timestamp_bytes
+    from sparkbeam.engine.direct_steps import timestamp_bytes
 
     impl = coders.WindowedValueCoder(coders.VarIntCoder()).get_impl()
     wv = windowed_value.create(1, micros, (window.GlobalWindow(),))

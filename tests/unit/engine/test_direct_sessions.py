@@ -61,14 +61,19 @@ _EXTREME = st.sampled_from([MIN_TIMESTAMP.micros, MIN_TIMESTAMP.micros + 1,
 def _spied() -> Iterator[list[bool]]:
     """Whether each call of the micros encoding gave rows (True) or refused its batch."""
     calls: list[bool] = []
-    real = direct_sessions.encode_into_sessions
 
-    def spy(*args):  # type: ignore[no-untyped-def]
-        rows = real(*args)
-        calls.append(rows is not None)
-        return rows
+    def spy(real):  # type: ignore[no-untyped-def]
+        def call(*args):  # type: ignore[no-untyped-def]
+            rows = real(*args)
+            calls.append(rows is not None)
+            return rows
+        return call
 
-    with mock.patch("sparkbeam.engine.direct.encode_into_sessions", spy):
+    # From windowed values, or from a Map's TimestampedValues (`engine/direct_stamps.py`).
+    with mock.patch("sparkbeam.engine.direct.encode_into_sessions",
+                    spy(direct_sessions.encode_into_sessions)), \
+            mock.patch("sparkbeam.engine.direct.encode_micros_into_sessions",
+                       spy(direct_sessions.encode_micros_into_sessions)):
         yield calls
 
 

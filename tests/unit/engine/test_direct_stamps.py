@@ -1,0 +1,108 @@
+"""A Map's `TimestampedValue` results encoded from their micros (`engine/direct_stamps.py`):
+byte for byte the bundle processor's rows, taken only when every result qualifies, and the
+general windowing for a batch that mixes in anything else, the user's function called once."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+from collections.abc import Iterator
+from unittest import mock
+
+import apache_beam as beam
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Timestamp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkbeam.engine import direct_stamps
+from sparkbeam.plan.batch import plan_batch
+from sparkbeam.plan.native_text import varint
+from tests.unit.engine.test_direct import _batch, _both_paths, _Keep
+
+CALLS: list[int] = []  # one entry a call of the user's function, in this process
+
+
+def _stamp(line: str) -> object:
+    """`key,micros,value,kind`: kind 0 a TimestampedValue of a pair, 1 a plain pair, 2 a
+    TimestampedValue of a list (which Beam's tuple coder takes, and `encode_stamped` does
+    not), 3 a TimestampedValue at whole seconds given as an int."""
+    CALLS.append(1)
+    key, at, value, kind = (int(part) for part in line.split(","))
+    if kind == 1:
+        return (key, value)
+    if kind == 2:
+        return window.TimestampedValue([key, value], Timestamp(micros=at))
+    if kind == 3:
+        return window.TimestampedValue((key, value), at // 10**6)
+    return window.TimestampedValue((key, value), Timestamp(micros=at))
+
+
+@functools.cache
+def _plan():  # type: ignore[no-untyped-def]
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "in.txt")
+    with open(path, "w") as f:
+        f.write("1,2,3,0\n")
+    p = beam.Pipeline()
+    _ = (p | beam.io.ReadFromText(path)
+         | "Stamp" >> beam.Map(_stamp).with_output_types(tuple[int, int])
+         | "Keep" >> beam.ParDo(_Keep()))
+    plan = plan_batch(p.to_runner_api())
+    stage = next(s for s in plan.stages if s.direct is not None)
+    assert stage.outputs[0].key_coder_id
+    return plan, stage, next(iter(plan.text_reads.values())).prefix
+
+
+@contextlib.contextmanager
+def _spied() -> Iterator[dict[str, list[bool]]]:
+    """Per function, whether each of its calls from the direct stage gave an answer."""
+    calls: dict[str, list[bool]] = {"stamped_micros": [], "encode_stamped": []}
+
+    def spy(name: str):  # type: ignore[no-untyped-def]
+        real = getattr(direct_stamps, name)
+
+        def call(*args):  # type: ignore[no-untyped-def]
+            found = real(*args)
+            calls[name].append(found is not None)
+            return found
+        return call
+
+    with mock.patch("sparkbeam.engine.direct.stamped_micros", spy("stamped_micros")), \
+            mock.patch("sparkbeam.engine.direct.encode_stamped", spy("encode_stamped")):
+        yield calls
+
+
+_EVENTS = st.lists(st.tuples(st.integers(-3, 3),
+                             st.integers(-(10**13), 10**13)
+                             | st.sampled_from([-1, -999, -1000, -1001, 0, 999, 1001]),
+                             st.integers(0, 2**40), st.sampled_from([0, 0, 0, 1, 2, 3])),
+                   min_size=1, max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=_EVENTS)
+def test_stamped_results_are_the_bundle_processors(events) -> None:  # type: ignore[no-untyped-def]
+    plan, stage, prefix = _plan()
+    lines = [",".join(map(str, e)).encode() for e in events]
+    batch = _batch([prefix + varint(len(s)) + s for s in lines])
+    CALLS.clear()
+    with _spied() as calls:
+        direct, beams = _both_paths(plan, stage, [batch])
+    assert direct == beams
+    # Once a line on each path: a refused batch is windowed from the results it has.
+    assert len(CALLS) == 2 * len(events)
+    kinds = {kind for *_, kind in events}
+    assert calls["stamped_micros"] == [1 not in kinds]
+    assert calls["encode_stamped"] == ([kinds <= {0, 3}] if 1 not in kinds else [])
+
+
+def test_a_stamped_batch_takes_the_micros_encoding() -> None:
+    """The test above compares the micros encoding with Beam's: it is the one taken."""
+    plan, stage, prefix = _plan()
+    lines = [b"1,5000000,7,0", b"2,-1500,8,3"]
+    with _spied() as calls:
+        direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
+                                                          for s in lines])])
+    assert calls == {"stamped_micros": [True], "encode_stamped": [True]} and direct == beams
