@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 
 from sparkbeam.engine.arrow import ArrowRows, to_arrow_batches
 from sparkbeam.engine.key_runs import MAX_ORDERED_INPUTS, ORDER_INPUT_BITS, contiguous_keys
-from sparkbeam.execute.session import is_connect
+from sparkbeam.execute.session import FILE_OPEN_COST, is_connect
 from sparkbeam.plan.arrow_batches import SPARK_BATCH_ROWS
 
 _LOG = logging.getLogger(__name__)
@@ -190,12 +190,13 @@ class Datasets:
     def file_partitions(self, total_bytes: int, files: int) -> int:
         """About how many tasks Spark's file source makes of `files` files: its split size
         is at most spark.sql.files.maxPartitionBytes (128 MB), about an even share per core
-        (spark.sql.files.minPartitionNum), each file counted 4 MB more (its open cost).
+        (spark.sql.files.minPartitionNum), each file counted its open cost more (sparkbeam's
+        sessions' `FILE_OPEN_COST`; a user's session may have another, so this is a guess).
         More splits were tried (four a core, for a shorter tail): each task's lifted
         combiners then flush once more, and a word count's shuffle grew by as much."""
-        weighted = total_bytes + files * (4 << 20)
-        split = min(128 << 20, max(4 << 20, weighted // max(1, self.parallelism)))
-        return max(1, -(-weighted // split))
+        weighted = total_bytes + files * FILE_OPEN_COST
+        split = min(128 << 20, max(FILE_OPEN_COST, weighted // max(1, self.parallelism)))
+        return max(1, -(-total_bytes // split))  # the open costs decide the split, not the count
 
     def with_metric_rows(self, out: DataFrame, tag: int, index: int, metrics_tag: int
                          ) -> DataFrame:

@@ -27,6 +27,15 @@ LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
+# What Spark's file sources count a file as costing to open, in bytes (its default: 4 MB).
+# Spark splits files at min(128 MB, max(open cost, (bytes + files * open cost) / cores)), so
+# one file on two cores was split at half of its bytes plus 2 MB: the bench's sessions input
+# (14.7 MB) gave its two map tasks 9.4 and 5.2 MB, and the stage took the longer one's time,
+# where hand-written PySpark's `textFile` splits it in halves. At 1 MB the excess is 0.5 MB
+# (52/48 there), and an input under 1 MB is still one task (bench/ANALYSIS.md).
+FILE_OPEN_COST = 1 << 20
+
+
 def session_config() -> dict[str, str]:
     """Static Spark settings sparkbeam applies to sessions it creates (also for tests)."""
     return {
@@ -40,6 +49,8 @@ def session_config() -> dict[str, str]:
         # to nine for the one action of a small catalogue pipeline): off, one action is one
         # Spark job.
         "spark.sql.adaptive.enabled": "false",
+        # Even splits of a large file (`FILE_OPEN_COST`).
+        "spark.sql.files.openCostInBytes": str(FILE_OPEN_COST),
         # Spark keeps a Python daemon per distinct worker environment. Its SQL runners add
         # this variable (simplified tracebacks, on by default) to the UDF's environment, but
         # the runner of a streaming `transformWithState` does not: a streaming job then

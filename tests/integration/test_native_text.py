@@ -144,3 +144,28 @@ def test_the_length_prefix_is_beams_varint(spark, lengths: list[int]) -> None:  
     df = spark.createDataFrame([(n,) for n in numbers], schema)
     got = [bytes(r.v) for r in df.select(_varint(F.col("n")).alias("v")).collect()]
     assert got == [beams(n) for n in numbers]
+
+
+def test_a_large_file_is_read_in_even_halves_as_the_executor_expects(spark) -> None:  # type: ignore[no-untyped-def]
+    # Spark's split of one file on two cores is half of its bytes plus half a file's open
+    # cost: at Spark's 4 MB a 12 MB file's two tasks read 8 and 4 MB, at sparkbeam's 1 MB
+    # (`session.FILE_OPEN_COST`) 6.5 and 5.5. The executor's count of the read's tasks is
+    # Spark's.
+    from pyspark.sql import functions as F
+
+    from sparkbeam.execute.dataset import Datasets
+
+    path = os.path.join(tempfile.mkdtemp(prefix="sparkbeam-split-"), "big.txt")
+    line = b"x" * 99 + b"\n"
+    with open(path, "wb") as f:
+        f.write(line * 120_000)  # 12 MB
+    ds = Datasets(spark, parallelism=2)
+    counts = sorted(r["count"] for r in ds.raw_lines([path]).groupBy(
+        F.spark_partition_id()).count().collect())
+    assert sum(counts) == 120_000 and len(counts) == ds.file_partitions(os.path.getsize(path), 1)
+    assert counts[0] / counts[1] > 0.8, counts
+    small = os.path.join(os.path.dirname(path), "small.txt")
+    with open(small, "wb") as f:
+        f.write(line * 5_000)  # 0.5 MB: one task
+    assert ds.raw_lines([small]).groupBy(F.spark_partition_id()).count().count() == 1
+    assert ds.file_partitions(os.path.getsize(small), 1) == 1
