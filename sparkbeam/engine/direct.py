@@ -36,7 +36,7 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import combiners, core
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.counters import CounterFactory
-from apache_beam.utils.windowed_value import WindowedValue, create
+from apache_beam.utils.windowed_value import WindowedValue
 
 from sparkbeam.engine import context
 from sparkbeam.engine.arrow import Columns, text_lines
@@ -59,7 +59,6 @@ from sparkbeam.engine.direct_steps import (
     Step,
     apply_step,
     call_step,
-    coded_micros,
     no_process,
     settled,
     with_views,
@@ -370,14 +369,10 @@ class DirectRun:
         return [wv.value for wv in wvs], wvs, list(range(len(wvs)))
 
     def decode_windowed(self, batch: GroupedBatch) -> Decoded:
-        """A grouped stage's batch as its grouper made it: its elements' timestamps as Beam's
-        coder gives them back (whole milliseconds), as the bundle processor would see them."""
-        wvs = []
-        for wv in batch.elements:
-            micros = wv.timestamp_micros
-            coded = coded_micros(micros)
-            wvs.append(wv if coded == micros else create(wv.value, coded, wv.windows,
-                                                          wv.pane_info))
+        """A grouped stage's batch as its grouper made it, at its elements' timestamps as
+        Beam's coder gives them back (whole milliseconds: `ByWindowGrouper.grouped`'s
+        `coded`), as the bundle processor would see them."""
+        wvs = batch.elements
         return [wv.value for wv in wvs], wvs, list(range(len(wvs)))
 
     def _finish_writes(self) -> list[OutRow]:

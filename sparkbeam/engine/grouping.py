@@ -43,6 +43,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils import windowed_value
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
+from sparkbeam.engine.direct_steps import coded_micros
 from sparkbeam.engine.window_coders import faster_impl, interval_window
 from sparkbeam.plan.model import Grouping
 
@@ -135,9 +136,11 @@ class ByWindowGrouper:
         """One grouped element as `group` encodes it."""
         return self._post.encode_nested(element)
 
-    def grouped(self, values: list[bytes]) -> list[WindowedValue]:
-        """One key's grouped elements, one per window, as `group` encodes them (a direct
-        grouped stage takes them so, `engine/direct.py`)."""
+    def grouped(self, values: list[bytes], coded: bool = False) -> list[WindowedValue]:
+        """One key's grouped elements, one per window, as `group` encodes them; when `coded`,
+        at their timestamps as Beam's coder gives them back (`coded_micros`), as a direct
+        grouped stage takes them (`engine/direct.py`: the bundle processor would see them
+        decoded)."""
         stream = create_InputStream(b"".join(values))
         decode = self._pre.decode_from_stream
         # Entries by window, keyed by `_window_key` (an IntervalWindow's hash and equality go
@@ -179,9 +182,12 @@ class ByWindowGrouper:
             if micros is None:
                 timestamp = stamp.merge(window, (
                     stamp.assign_output_time(window, Timestamp(micros=ts)) for _, ts in entries))
-                out.append(WindowedValue((key, values), timestamp, (window,), ON_TIME_PANE))
-            else:
-                out.append(windowed_value.create((key, values), micros, (window,), ON_TIME_PANE))
+                if not coded:
+                    out.append(WindowedValue((key, values), timestamp, (window,), ON_TIME_PANE))
+                    continue
+                micros = timestamp.micros
+            out.append(windowed_value.create((key, values), coded_micros(micros) if coded
+                                             else micros, (window,), ON_TIME_PANE))
         return out
 
     def _merge(self, windows: Iterable[Any]) -> dict[Any, Any]:

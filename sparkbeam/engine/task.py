@@ -11,6 +11,7 @@ delay they ask for, until none is left.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -279,7 +280,8 @@ def _run_direct_grouped(spec: TaskSpec, run: StageRun, rows: Iterable[Row],
             rows.batches, spec.bundle_size, spec.bundle_bytes, program.column_groupings)
         decode = direct.decode_grouped
     elif isinstance(grouper, ByWindowGrouper) and grouper.exact_windows:
-        batches = grouped_batches(rows, spec.bundle_size, spec.bundle_bytes, grouper.grouped)
+        batches = grouped_batches(rows, spec.bundle_size, spec.bundle_bytes,
+                                  functools.partial(grouper.grouped, coded=True))
         decode = direct.decode_windowed
         encode = grouper.encode
     else:
