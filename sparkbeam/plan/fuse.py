@@ -256,10 +256,10 @@ def _key_coder_id(comps: beam_runner_api_pb2.Components, windowed_id: str, where
     windowed = comps.coders[windowed_id]
     kv_id = windowed.component_coder_ids[0] if windowed.component_coder_ids else windowed_id
     kv = comps.coders[kv_id]
-    if kv.spec.urn != "beam:coder:kv:v1":
+    if kv.spec.urn != "beam:coder:kv:v1" or len(kv.component_coder_ids) != 2:
         raise PlanningError(
             f"{where} feeds a keyed consumer but its elements are not key/value pairs "
-            f"(coder {kv.spec.urn})"
+            f"(coder {kv.spec.urn} of {len(kv.component_coder_ids)} components)"
         )
     return kv.component_coder_ids[0]
 
