@@ -31,19 +31,28 @@ _LINE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40) | st.s
     ["", "x" * 127, "y" * 128, "z" * 16_383, "é" * 8_200, "w" * 20_000])
 
 
-def _plan(keyed: bool, pair: Any = lambda w: (w, len(w))):  # type: ignore[no-untyped-def]
+def text_plan(line: str, build: Any, pick: Any = lambda s: s.direct is not None):  # type: ignore[no-untyped-def]
+    """A pipeline reading a one-line text file (`build` adds the rest to the read's
+    PCollection), planned: the plan, the first stage `pick` takes, the read's line prefix."""
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, "in.txt")
     with open(path, "w") as f:
-        f.write("a b\n")
+        f.write(line + "\n")
     p = beam.Pipeline()
-    pairs = (p | beam.io.ReadFromText(path) | "Split" >> beam.FlatMap(str.split)
-             | "NotTwo" >> beam.Filter(lambda w: len(w) != 2)
-             | "Pair" >> beam.Map(pair))
-    _ = pairs | (beam.GroupByKey() if keyed else beam.CombinePerKey(sum))
+    build(p | beam.io.ReadFromText(path))
     plan = plan_batch(p.to_runner_api())
-    stage = next(s for s in plan.stages if s.direct is not None)
+    stage = next(s for s in plan.stages if pick(s))
     return plan, stage, next(iter(plan.text_reads.values())).prefix
+
+
+def _plan(keyed: bool, pair: Any = lambda w: (w, len(w))):  # type: ignore[no-untyped-def]
+    def build(lines):  # type: ignore[no-untyped-def]
+        pairs = (lines | "Split" >> beam.FlatMap(str.split)
+                 | "NotTwo" >> beam.Filter(lambda w: len(w) != 2)
+                 | "Pair" >> beam.Map(pair))
+        _ = pairs | (beam.GroupByKey() if keyed else beam.CombinePerKey(sum))
+
+    return text_plan("a b", build)
 
 
 def _batch(values: list[bytes]) -> pa.RecordBatch:
@@ -319,24 +328,22 @@ class _Keep(beam.DoFn):
         yield kv
 
 
+def keyed_stamping_plan(stamp: Any):  # type: ignore[no-untyped-def]
+    """Lines made TimestampedValues of (int, int) by `stamp`, read by a stateful DoFn (so
+    the stage writes each element's key beside it)."""
+    return text_plan("1,2,3,0", lambda lines: (
+        lines | "Stamp" >> beam.Map(stamp).with_output_types(tuple[int, int])
+        | "Keep" >> beam.ParDo(_Keep())))
+
+
+def _stamp_line(line: str) -> object:
+    key, at, value = line.split(",")[:3]
+    return window.TimestampedValue((int(key), int(value)), Timestamp(micros=int(at)))
+
+
 @functools.cache
 def _keyed_stamping_plan():  # type: ignore[no-untyped-def]
-    folder = tempfile.mkdtemp()
-    path = os.path.join(folder, "in.txt")
-    with open(path, "w") as f:
-        f.write("1,2,3\n")
-
-    def stamp(line: str) -> object:
-        key, at, value = line.split(",")
-        return window.TimestampedValue((int(key), int(value)), Timestamp(micros=int(at)))
-
-    p = beam.Pipeline()
-    _ = (p | beam.io.ReadFromText(path)
-         | "Stamp" >> beam.Map(stamp).with_output_types(tuple[int, int])
-         | "Keep" >> beam.ParDo(_Keep()))
-    plan = plan_batch(p.to_runner_api())
-    stage = next(s for s in plan.stages if s.direct is not None)
-    return plan, stage, next(iter(plan.text_reads.values())).prefix
+    return keyed_stamping_plan(_stamp_line)
 
 
 @settings(max_examples=60, deadline=None)

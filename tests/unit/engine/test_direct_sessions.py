@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import tempfile
 from collections.abc import Iterator
 from unittest import mock
 
@@ -18,9 +16,8 @@ from hypothesis import strategies as st
 
 from sparkbeam.engine import direct_sessions
 from sparkbeam.engine.direct import DirectProgram, DirectRun
-from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.native_text import varint
-from tests.unit.engine.test_direct import _batch, _both_paths
+from tests.unit.engine.test_direct import _batch, _both_paths, text_plan
 
 # Seconds: half a millisecond; 8.5 and 9 ms, whose one-byte spans are as long as the
 # prefixed window coder's length byte (a plain-window reading of its bytes must not pass).
@@ -34,19 +31,11 @@ def _stamp(line: str) -> object:
 
 @functools.cache
 def _plan(gap: float):  # type: ignore[no-untyped-def]
-    folder = tempfile.mkdtemp()
-    path = os.path.join(folder, "in.txt")
-    with open(path, "w") as f:
-        f.write("1,2,3\n")
-    p = beam.Pipeline()
-    _ = (p | beam.io.ReadFromText(path)
-         | "Stamp" >> beam.Map(_stamp)
-         | "Into" >> beam.WindowInto(window.Sessions(gap))
-         | beam.GroupByKey())
-    plan = plan_batch(p.to_runner_api())
-    stage = next(s for s in plan.stages if "Into" in s.transforms)
+    plan, stage, prefix = text_plan("1,2,3", lambda lines: (
+        lines | "Stamp" >> beam.Map(_stamp) | "Into" >> beam.WindowInto(window.Sessions(gap))
+        | beam.GroupByKey()), lambda s: "Into" in s.transforms)
     assert stage.direct is not None, plan.decisions
-    return plan, stage, next(iter(plan.text_reads.values())).prefix
+    return plan, stage, prefix
 
 
 _MICROS = st.one_of(

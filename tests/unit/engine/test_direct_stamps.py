@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import tempfile
 from collections.abc import Iterator
 from unittest import mock
 
-import apache_beam as beam
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkbeam.engine import direct_stamps
-from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.native_text import varint
-from tests.unit.engine.test_direct import _batch, _both_paths, _Keep
+from tests.unit.engine.test_direct import _batch, _both_paths, keyed_stamping_plan
 
 CALLS: list[int] = []  # one entry a call of the user's function, in this process
 
@@ -41,18 +37,9 @@ def _stamp(line: str) -> object:
 
 @functools.cache
 def _plan():  # type: ignore[no-untyped-def]
-    folder = tempfile.mkdtemp()
-    path = os.path.join(folder, "in.txt")
-    with open(path, "w") as f:
-        f.write("1,2,3,0\n")
-    p = beam.Pipeline()
-    _ = (p | beam.io.ReadFromText(path)
-         | "Stamp" >> beam.Map(_stamp).with_output_types(tuple[int, int])
-         | "Keep" >> beam.ParDo(_Keep()))
-    plan = plan_batch(p.to_runner_api())
-    stage = next(s for s in plan.stages if s.direct is not None)
+    plan, stage, prefix = keyed_stamping_plan(_stamp)
     assert stage.outputs[0].key_coder_id
-    return plan, stage, next(iter(plan.text_reads.values())).prefix
+    return plan, stage, prefix
 
 
 @contextlib.contextmanager
