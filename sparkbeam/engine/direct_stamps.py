@@ -14,6 +14,7 @@ the user's function not called again.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ from sparkbeam.engine.direct_steps import Step, timestamp_bytes
 from sparkbeam.engine.program import OutRow
 
 _IN_GLOBAL_WINDOW = (GlobalWindow(),)
+_PACK_U64 = struct.Struct(">Q").pack
+_SHIFT = 1 << 63
 
 
 def stamped_micros(step: Step, out: list[Any], wvs: list[WindowedValue]
@@ -74,12 +77,14 @@ def encode_stamped(header_of: Callable[[WindowedValue, Any], bytes | None],
     rest = header[8:]
     key_of, value_of = (impl.encode_nested for impl in kv_impls)
     rows: list[OutRow] = []
-    append = rows.append
+    append, pack = rows.append, _PACK_U64
     for v, at in zip(values, micros, strict=True):
         if type(v) is not tuple or len(v) != 2:
             return None
         k = key_of(v[0])
-        append((0, k, timestamp_bytes(at) + rest + k + value_of(v[1])))
+        # `timestamp_bytes`, inline where it is the floor (~0.15 µs an element).
+        stamp = pack(at // 1000 + _SHIFT) if at >= 0 else timestamp_bytes(at)
+        append((0, k, stamp + rest + k + value_of(v[1])))
     return rows
 
 

@@ -298,6 +298,8 @@ def _coded_millis(micros: int) -> int:
 def timestamp_bytes(micros: int) -> bytes:
     """The first 8 bytes of Beam's `WindowedValueCoderImpl` encoding of an element at `micros`:
     `_coded_millis` shifted by 2**63, big endian (what its `encode_to_stream` writes)."""
+    if micros >= 0:  # rounding toward zero is the floor there, and above the minimum
+        return _PACK_U64(micros // 1000 + _SHIFT)
     return _PACK_U64(_coded_millis(micros) + _SHIFT)
 
 
