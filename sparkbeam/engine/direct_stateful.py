@@ -139,6 +139,7 @@ class _Combining(userstate.CombiningValueRuntimeState):
 
 
 _TIMER = userstate.Timer
+_NEW_TUPLE = tuple.__new__
 assert _TIMER._fields == ("user_key", "dynamic_timer_tag", "windows", "clear_bit",
                           "fire_timestamp", "hold_timestamp", "paneinfo"), _TIMER._fields
 
@@ -170,9 +171,12 @@ class _Timer(userstate.BaseTimer):
         element = self.element
         hold = fire if self._event_time else _millis(Timestamp.of(element.timestamp))
         keyed = self._keyed
-        self._pending[(keyed.encoded, dynamic_timer_tag, self._window)] = _TIMER(
-            keyed.user_key, dynamic_timer_tag, (self._window,), False, fire, hold,
-            element.pane_info)
+        window = self._window
+        # The Timer tuple made in C (`tuple.__new__` of the namedtuple, as its own `__new__`
+        # does after a Python call of its own).
+        self._pending[(keyed.encoded, dynamic_timer_tag, window)] = _NEW_TUPLE(_TIMER, (
+            keyed.user_key, dynamic_timer_tag, (window,), False, fire, hold,
+            element.pane_info))
 
     def clear(self, dynamic_timer_tag: str = "") -> None:
         self._pending.pop((self._keyed.encoded, dynamic_timer_tag, self._window), None)
