@@ -48,9 +48,9 @@ from sparkbeam.engine.direct_sessions import (
     window_layout,
 )
 from sparkbeam.engine.direct_stamps import (
+    Stamped,
     encode_sharing,
     encode_stamped,
-    in_global_window,
     stamped_micros,
     windowed,
 )
@@ -293,13 +293,13 @@ class DirectRun:
             last = self.sessions_last
             # The last function step's results as values and micros, when they are
             # TimestampedValues the encoding can take so (`engine/direct_stamps.py`).
-            stamped: tuple[list[Any], list[int]] | None = None
+            stamped: Stamped | None = None
             for n, step in enumerate(self.steps if last is None else self.steps[:-1]):
                 with scope(step.transform_id, step.name):
                     if n == self.stamps_at:
                         out, out_src = call_step(step, values, src, wvs)
                         stamped = stamped_micros(step, out, wvs)
-                        values, src = ((stamped[0], None) if stamped is not None
+                        values, src = ((stamped.values, None) if stamped is not None
                                        else settled(step, out, out_src, wvs))
                     else:
                         values, src = apply_step(step, values, src, wvs)
@@ -314,7 +314,7 @@ class DirectRun:
                     assert program.kv_impls is not None
                     if stamped is not None:
                         fast = encode_micros_into_sessions(
-                            step, gap, *stamped, in_global_window(stamped[0][0], stamped[1][0]),
+                            step, gap, stamped.values, stamped.micros, stamped.first,
                             program.out_impl, program.kv_impls, prefixed)
                         if fast is None:
                             values, src = windowed(stamped, wvs)
@@ -342,8 +342,8 @@ class DirectRun:
                 found = None
                 if stamped is not None:
                     assert program.kv_impls is not None
-                    found = encode_stamped(self._header, program.kv_impls, *stamped,
-                                           in_global_window(stamped[0][0], stamped[1][0]))
+                    found = encode_stamped(self._header, program.kv_impls, stamped.values,
+                                           stamped.micros, stamped.first)
                     if found is None:
                         values, src = windowed(stamped, wvs)
                 rows = self._encode(values, src, wvs) if found is None else found
@@ -371,8 +371,9 @@ class DirectRun:
     def decode_windowed(self, batch: GroupedBatch) -> Decoded:
         """A grouped stage's batch as its grouper made it, at its elements' timestamps as
         Beam's coder gives them back (whole milliseconds: `ByWindowGrouper.grouped`'s
-        `coded`), as the bundle processor would see them."""
-        wvs = batch.elements
+        `coded`), as the bundle processor would see them. A copy of its list: the steps
+        append windowed values to theirs, and a batch handed over is encoded whole."""
+        wvs = list(batch.elements)
         return [wv.value for wv in wvs], wvs, list(range(len(wvs)))
 
     def _finish_writes(self) -> list[OutRow]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
@@ -30,8 +30,19 @@ _PACK_U64 = struct.Struct(">Q").pack
 _SHIFT = 1 << 63
 
 
-def stamped_micros(step: Step, out: list[Any], wvs: list[WindowedValue]
-                   ) -> tuple[list[Any], list[int]] | None:
+class Stamped(NamedTuple):
+    """A step's `TimestampedValue` results as their values and timestamps (micros)."""
+
+    values: list[Any]
+    micros: list[int]
+
+    @property
+    def first(self) -> WindowedValue:
+        """The first result as `_stamped` windows it."""
+        return in_global_window(self.values[0], self.micros[0])
+
+
+def stamped_micros(step: Step, out: list[Any], wvs: list[WindowedValue]) -> Stamped | None:
     """The values and timestamps (micros) of `out`, a function step's results, when each is
     a `TimestampedValue` at a `Timestamp`, the step's WindowFn is Beam's own GlobalWindows and
     every element of the batch (`wvs`) is in one window: `_stamped` would then put each
@@ -52,7 +63,7 @@ def stamped_micros(step: Step, out: list[Any], wvs: list[WindowedValue]
             return None
         add_value(result.value)
         add_micros(timestamp.micros)
-    return values, micros
+    return Stamped(values, micros)
 
 
 def in_global_window(value: Any, micros: int) -> WindowedValue:
@@ -109,8 +120,7 @@ def encode_sharing(header_of: Callable[[WindowedValue, Any], bytes | None],
     return encode_stamped(header_of, kv_impls, values, micros, first)
 
 
-def windowed(stamped: tuple[list[Any], list[int]], wvs: list[WindowedValue]
-             ) -> tuple[list[Any], list[int]]:
+def windowed(stamped: Stamped, wvs: list[WindowedValue]) -> tuple[list[Any], list[int]]:
     """`stamped_micros`' results windowed after all, as `direct_steps.settled` windows them:
     each a windowed value of its own, appended to `wvs`."""
     values, micros = stamped

@@ -1,12 +1,14 @@
 """A batch stateful DoFn called without Beam's bundle processor (no pyspark).
 
 `plan/direct_stateful.py` chooses the stages and says why. A task's rows arrive with each key's
-together; key after key, each element is decoded and handed to Beam's own `DoFnRunner` (so
-Beam's invoker places the element, key, timestamp, window, state and timer arguments and its
-output handler wraps the results, as in the bundle processor), with a `UserStateContext` that
-keeps the key's state and timers in memory. Then the key's timers fire at the end of time, round
-by round, the earliest per key first and event time before processing time (`TimerBook`, as the
-general path fires them), and the key's state is dropped.
+together; key after key, each element is decoded and its process method called with the
+arguments Beam's invoker would give it (`_Process`: a key's state and timer objects placed once
+for the key, the element's own arguments for each element) and Beam's own output handler
+wrapping the results, as in the bundle processor; a DoFn taking other parameters goes through
+Beam's own `DoFnRunner`. A `UserStateContext` keeps the key's state and timers in memory.
+Then the key's timers fire at the end of time, round by round, the earliest per key first and
+event time before processing time (`TimerBook`, as the general path fires them), and the key's
+state is dropped.
 
 What the bundle processor would do to state and timers is done here too:
 - a state value is encoded with its coder when written and decoded when read (a value that
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from apache_beam.coders import coders
 from apache_beam.coders.coder_impl import create_InputStream
@@ -144,6 +146,16 @@ assert _TIMER._fields == ("user_key", "dynamic_timer_tag", "windows", "clear_bit
                           "fire_timestamp", "hold_timestamp", "paneinfo"), _TIMER._fields
 
 
+class _Element(Protocol):
+    """What a timer is set from: an element's timestamp and pane (a WindowedValue has both)."""
+
+    @property
+    def timestamp(self) -> Any: ...
+
+    @property
+    def pane_info(self) -> Any: ...
+
+
 class _At(NamedTuple):
     """The element a timer is set from, as Beam's `get_timer` gets it: its timestamp and pane."""
     timestamp: Any
@@ -156,7 +168,7 @@ class _Timer(userstate.BaseTimer):
     timer's hold), so the direct `_Process` keeps one timer a key and points it at each
     element in turn, without making a Timestamp or a timer an element."""
 
-    def __init__(self, keyed: _KeyState, family: Any, window: Any, element: Any,
+    def __init__(self, keyed: _KeyState, family: Any, window: Any, element: _Element | None,
                  event_time: bool) -> None:
         self._keyed = keyed
         self._pending = keyed.book.pending.setdefault(family, {})
@@ -166,9 +178,14 @@ class _Timer(userstate.BaseTimer):
 
     def set(self, ts: Any, dynamic_timer_tag: str = "") -> None:
         # Set once an element in many DoFns (the bench's stateful one): Timestamp.of's checks
-        # skipped for a Timestamp, the Timer made from positions (its fields' order).
+        # skipped for a Timestamp, the Timer made from positions (its fields' order). A timer
+        # object a DoFn keeps from an earlier element reads the latest element's timestamp
+        # and pane, where Beam's keeps its own: only the hold and the timer's pane differ,
+        # and neither reaches a batch stage's output (no hold is waited for, and `on_timer`
+        # is not given the pane).
         fire = _millis(ts if type(ts) is Timestamp else Timestamp.of(ts))
         element = self.element
+        assert element is not None, "a timer set outside process"
         hold = fire if self._event_time else _millis(Timestamp.of(element.timestamp))
         keyed = self._keyed
         window = self._window

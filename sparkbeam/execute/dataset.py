@@ -26,7 +26,8 @@ from pyspark.sql import types as T
 
 from sparkbeam.engine.arrow import ArrowRows, to_arrow_batches
 from sparkbeam.engine.key_runs import MAX_ORDERED_INPUTS, ORDER_INPUT_BITS, contiguous_keys
-from sparkbeam.execute.session import FILE_OPEN_COST, is_connect
+from sparkbeam.execute.session import FILE_OPEN_COST, bytes_setting, is_connect
+from sparkbeam.plan.native_text import spark_splits
 from sparkbeam.plan.arrow_batches import SPARK_BATCH_ROWS
 
 _LOG = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class Datasets:
         self.connect = is_connect(spark)
         self.parallelism = parallelism or _default_parallelism(spark, self.connect)
         self._c = _columns_of(spark)
+        self._file_settings: tuple[int, int] | None = None  # read once (`file_partitions`)
 
     # -- building buffers -------------------------------------------------------------------
 
@@ -187,16 +189,17 @@ class Datasets:
             decode.__name__ = decode.__qualname__ = _ui_name(name)
         return df.select("value").mapInArrow(decode, schema)
 
-    def file_partitions(self, total_bytes: int, files: int) -> int:
-        """About how many tasks Spark's file source makes of `files` files: its split size
-        is at most spark.sql.files.maxPartitionBytes (128 MB), about an even share per core
-        (spark.sql.files.minPartitionNum), each file counted its open cost more (sparkbeam's
-        sessions' `FILE_OPEN_COST`; a user's session may have another, so this is a guess).
-        More splits were tried (four a core, for a shorter tail): each task's lifted
-        combiners then flush once more, and a word count's shuffle grew by as much."""
-        weighted = total_bytes + files * FILE_OPEN_COST
-        split = min(128 << 20, max(FILE_OPEN_COST, weighted // max(1, self.parallelism)))
-        return max(1, -(-total_bytes // split))  # the open costs decide the split, not the count
+    def file_partitions(self, sizes: Iterable[int]) -> int:
+        """How many tasks Spark's file source makes of files of `sizes` bytes, by its rule
+        (`native_text.spark_splits`) and the session's open cost and largest split. More
+        splits were tried (four a core, for a shorter tail): each task's lifted combiners
+        then flush once more, and a word count's shuffle grew by as much."""
+        if self._file_settings is None:
+            self._file_settings = (
+                bytes_setting(self.spark, "spark.sql.files.openCostInBytes", FILE_OPEN_COST),
+                bytes_setting(self.spark, "spark.sql.files.maxPartitionBytes", 128 << 20))
+        open_cost, max_bytes = self._file_settings
+        return max(1, spark_splits(sizes, self.parallelism, open_cost, max_bytes))
 
     def with_metric_rows(self, out: DataFrame, tag: int, index: int, metrics_tag: int
                          ) -> DataFrame:

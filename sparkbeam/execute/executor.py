@@ -272,7 +272,7 @@ class Executor:
             if read.files:
                 stage_in, prepare = self.ds.raw_lines(list(read.files)), encoded_lines(
                     read.prefix)
-                partitions = self.ds.file_partitions(read.total_bytes, len(read.files))
+                partitions = self.ds.file_partitions(read.sizes)
         for n, inp in enumerate(() if prepare is not None else stage.inputs):
             if inp.buffer_id == IMPULSE_BUFFER:
                 df = self.ds.impulse(ENCODED_IMPULSE_VALUE)
@@ -284,7 +284,7 @@ class Executor:
             elif inp.buffer_id in run.plan.text_reads:
                 read = run.plan.text_reads[inp.buffer_id]
                 df = self.ds.text_lines(list(read.files), read.prefix)
-                partitions += self.ds.file_partitions(read.total_bytes, len(read.files))
+                partitions += self.ds.file_partitions(read.sizes)
             elif inp.buffer_id in run.shuffled:
                 # The producer's whole output, its metric rows as input -1 (forwarded).
                 out, partitions_in = run.shuffled[inp.buffer_id]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -34,6 +35,22 @@ _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 # where hand-written PySpark's `textFile` splits it in halves. At 1 MB the excess is 0.5 MB
 # (52/48 there), and an input under 1 MB is still one task (bench/ANALYSIS.md).
 FILE_OPEN_COST = 1 << 20
+
+
+_BYTES = re.compile(r"^\s*(\d+)\s*([kmgtp]?)i?b?\s*$", re.IGNORECASE)
+
+
+def bytes_setting(spark: Any, name: str, default: int) -> int:
+    """A byte-size setting of the session (Spark writes "4194304b", a user may write "1m");
+    `default` when it cannot be read."""
+    try:
+        found = _BYTES.match(str(spark.conf.get(name)))
+    except Exception:  # noqa: BLE001 - an estimate: the default serves
+        return default
+    if found is None:
+        return default
+    return int(found.group(1)) << (10 * "kmgtp".find(found.group(2).lower()) + 10
+                                   if found.group(2) else 0)
 
 
 def session_config() -> dict[str, str]:

@@ -60,6 +60,7 @@ class TextRead:
     # The encoded windowed value of a line up to the line's length (timestamp, window, pane),
     # checked against the stage's input coder once the pipeline is fused (`wire_prefix`).
     prefix: bytes = b""
+    sizes: tuple[int, ...] = ()  # each file's bytes, as `files`
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ def translate_text_reads(
         buffer_id = TEXT_BUFFER_PREFIX + tid.encode()
         as_leaf(out.components, tid, urns.DATA_INPUT, buffer_id)
         sizes = [size for _, size in files]
-        reads[buffer_id] = TextRead(name, buffer_id, tuple(p for p, _ in files), sum(sizes))
+        reads[buffer_id] = TextRead(name, buffer_id, tuple(p for p, _ in files), sum(sizes),
+                                    sizes=tuple(sizes))
         decisions.append(Decision(name, True, f"{len(files)} file(s), {sum(sizes):,} bytes"))
     return out, reads, decisions
 
@@ -237,3 +239,25 @@ def wire_prefix(coder_impl: object) -> bytes | None:
     except Exception:  # noqa: BLE001 - a coder of something else than strings
         return None
     return prefix
+
+
+def spark_splits(sizes: Iterable[int], cores: int, open_cost: int, max_bytes: int) -> int:
+    """How many tasks Spark's file source makes of files of `sizes` bytes (none empty):
+    `FilePartition.maxSplitBytes` (at most `max_bytes`, spark.sql.files.maxPartitionBytes;
+    an even share of the bytes per core, each file counted `open_cost` more, at least
+    `open_cost`), each file cut in splits of that size, and the splits, longest first,
+    packed into tasks of at most that many bytes, each split counted its open cost more
+    (`getFilePartitions`)."""
+    sizes = list(sizes)
+    total = sum(sizes) + len(sizes) * open_cost
+    split = min(max_bytes, max(open_cost, total // max(1, cores)))
+    chunks = sorted((min(split, size - start) for size in sizes
+                     for start in range(0, size, split)), reverse=True)
+    tasks = 0
+    current = -1  # no task open
+    for chunk in chunks:
+        if current >= 0 and current + chunk > split:
+            tasks += 1
+            current = -1
+        current = (0 if current < 0 else current) + chunk + open_cost
+    return tasks + (current >= 0)

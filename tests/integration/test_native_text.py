@@ -149,23 +149,30 @@ def test_the_length_prefix_is_beams_varint(spark, lengths: list[int]) -> None:  
 def test_a_large_file_is_read_in_even_halves_as_the_executor_expects(spark) -> None:  # type: ignore[no-untyped-def]
     # Spark's split of one file on two cores is half of its bytes plus half a file's open
     # cost: at Spark's 4 MB a 12 MB file's two tasks read 8 and 4 MB, at sparkbeam's 1 MB
-    # (`session.FILE_OPEN_COST`) 6.5 and 5.5. The executor's count of the read's tasks is
-    # Spark's.
+    # (`session.FILE_OPEN_COST`) 6.5 and 5.5. The executor's count of a read's tasks
+    # (`native_text.spark_splits`) is Spark's, for one file and for many packed together.
     from pyspark.sql import functions as F
 
     from sparkbeam.execute.dataset import Datasets
 
-    path = os.path.join(tempfile.mkdtemp(prefix="sparkbeam-split-"), "big.txt")
+    folder = tempfile.mkdtemp(prefix="sparkbeam-split-")
     line = b"x" * 99 + b"\n"
-    with open(path, "wb") as f:
-        f.write(line * 120_000)  # 12 MB
+
+    def tasks(name: str, files: int, lines: int) -> list[int]:
+        paths = []
+        for i in range(files):
+            paths.append(os.path.join(folder, f"{name}-{i}.txt"))
+            with open(paths[-1], "wb") as f:
+                f.write(line * lines)
+        counts = sorted(r["count"] for r in ds.raw_lines(paths).groupBy(
+            F.spark_partition_id()).count().collect())
+        assert sum(counts) == files * lines
+        assert len(counts) == ds.file_partitions([os.path.getsize(p) for p in paths]), name
+        return counts
+
     ds = Datasets(spark, parallelism=2)
-    counts = sorted(r["count"] for r in ds.raw_lines([path]).groupBy(
-        F.spark_partition_id()).count().collect())
-    assert sum(counts) == 120_000 and len(counts) == ds.file_partitions(os.path.getsize(path), 1)
-    assert counts[0] / counts[1] > 0.8, counts
-    small = os.path.join(os.path.dirname(path), "small.txt")
-    with open(small, "wb") as f:
-        f.write(line * 5_000)  # 0.5 MB: one task
-    assert ds.raw_lines([small]).groupBy(F.spark_partition_id()).count().count() == 1
-    assert ds.file_partitions(os.path.getsize(small), 1) == 1
+    halves = tasks("big", 1, 120_000)  # 12 MB
+    assert len(halves) == 2 and halves[0] / halves[1] > 0.8, halves
+    assert len(tasks("small", 1, 5_000)) == 1  # 0.5 MB
+    assert len(tasks("many", 12, 3_000)) == 2  # 0.3 MB each, six a task
+    assert len(tasks("few", 3, 30_000)) == 3  # 3 MB each, one a task

@@ -193,3 +193,42 @@ def test_a_line_of_four_varint_bytes_is_beams() -> None:
     (batch,) = encoded_lines(b"")([pa.RecordBatch.from_arrays([pa.array([line, ""])],
                                                               names=["value"])])
     assert batch.column(2).to_pylist() == [varint(2**21) + b"y" * 2**21, varint(0)]
+
+
+def test_spark_splits_follow_sparks_rule() -> None:
+    # Spark's FilePartition rule, worked by hand: the split is an even share of the bytes
+    # and open costs per core, at least the open cost and at most the largest split.
+    from sparkbeam.plan.native_text import spark_splits
+
+    mb = 1 << 20
+    assert spark_splits([12 * mb], 2, mb, 128 * mb) == 2  # split 6.5 MB
+    assert spark_splits([12 * mb], 2, 4 * mb, 128 * mb) == 2  # 8 MB, then the 4 MB left
+    assert spark_splits([mb // 2], 2, mb, 128 * mb) == 1  # under the open cost
+    assert spark_splits([300_000] * 12, 2, mb, 128 * mb) == 2  # 6 to a 7.8 MB task
+    assert spark_splits([3 * mb] * 3, 2, mb, 128 * mb) == 3  # 3 + 1 + 3 > 6 MB
+    assert spark_splits([125 * mb] * 4, 2, mb, 128 * mb) == 4  # capped at 128 MB
+    assert spark_splits([10_240] * 100, 8, mb, 128 * mb) == 8  # at most eight 1 MB tasks
+    assert spark_splits([], 2, mb, 128 * mb) == 0
+
+
+def test_a_sessions_byte_settings_are_read_as_spark_writes_them() -> None:
+    from sparkbeam.execute.session import bytes_setting
+
+    class Conf:
+        def __init__(self, value: object) -> None:
+            self.value = value
+
+        def get(self, name: str) -> object:
+            if isinstance(self.value, Exception):
+                raise self.value
+            return self.value
+
+    class Session:
+        def __init__(self, value: object) -> None:
+            self.conf = Conf(value)
+
+    for text, value in [("4194304b", 4 << 20), ("1048576", 1 << 20), ("1m", 1 << 20),
+                        ("2MB", 2 << 20), ("1g", 1 << 30), ("64k", 64 << 10)]:
+        assert bytes_setting(Session(text), "x", 7) == value, text
+    assert bytes_setting(Session("lots"), "x", 7) == 7
+    assert bytes_setting(Session(RuntimeError("no conf")), "x", 7) == 7

@@ -72,3 +72,40 @@ def test_direct_grouped_rows_are_the_bundle_processors(
         return sorted(r for r in run_stage_task(s, iter(rows), {}) if r[0] >= 0)
 
     assert data(spec) == data(beams)
+
+
+def _stamp_group(kv: Any) -> Any:
+    return window.TimestampedValue((kv[0], sorted(kv[1])), 5)
+
+
+def _windowed_for_b(kv: Any) -> Any:
+    # A WindowedValue result, which Beam's output handler takes as it is: the direct path
+    # hands the batch over after the step before it has windowed its results.
+    if kv[0] == "b":
+        yield WindowedValue(kv, beam.utils.timestamp.Timestamp(7), (window.IntervalWindow(0, 100),))
+    else:
+        yield kv
+
+
+def test_a_batch_handed_over_after_a_windowing_step_is_its_own_elements_once() -> None:
+    # The steps append windowed values to the batch's list of them: the batch the bundle
+    # processor then takes must be the grouper's elements alone (the same rows as Beam's,
+    # not the appended ones as well).
+    p = beam.Pipeline()
+    _ = (p | beam.Create([("a", 1)]) | "Window" >> beam.WindowInto(window.FixedWindows(100))
+         | "Group" >> beam.GroupByKey() | "Stamp" >> beam.Map(_stamp_group)
+         | "Wv" >> beam.FlatMap(_windowed_for_b) | "Again" >> beam.GroupByKey())
+    plan = plan_batch(p.to_runner_api())
+    stage = next(s for s in plan.stages if s.kind is StageKind.GROUPED and "Stamp" in
+                 s.transforms)
+    assert stage.direct is not None
+    rows = _rows(plan, stage, [("a", 1000, 1), ("b", 2000, 2)])
+    spec = TaskSpec(stage=stage, components=plan.components, groupings=dict(plan.groupings),
+                    pickle_library="default", bundle_size=1000, bundle_bytes=64 << 20)
+    beams = dataclasses.replace(spec, stage=dataclasses.replace(stage, direct=None))
+
+    def data(s: TaskSpec) -> list[Any]:
+        return sorted(r for r in run_stage_task(s, iter(rows), {}) if r[0] >= 0)
+
+    direct = data(spec)
+    assert len(direct) == 2 and direct == data(beams)
