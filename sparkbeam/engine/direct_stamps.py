@@ -14,20 +14,16 @@ the user's function not called again.
 """
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from apache_beam.transforms.window import GlobalWindow, GlobalWindows, TimestampedValue
+from apache_beam.transforms.window import GlobalWindows, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN, WindowedValue, create
 
-from sparkbeam.engine.direct_steps import Step, timestamp_bytes
+from sparkbeam.engine.direct_steps import IN_GLOBAL_WINDOW, Step, timestamp_bytes
 from sparkbeam.engine.program import OutRow
 
-_IN_GLOBAL_WINDOW = (GlobalWindow(),)
-_PACK_U64 = struct.Struct(">Q").pack
-_SHIFT = 1 << 63
 
 
 class Stamped(NamedTuple):
@@ -68,7 +64,7 @@ def stamped_micros(step: Step, out: list[Any], wvs: list[WindowedValue]) -> Stam
 
 def in_global_window(value: Any, micros: int) -> WindowedValue:
     """What `_stamped` makes of a result `stamped_micros` took."""
-    return create(value, micros, _IN_GLOBAL_WINDOW, PANE_INFO_UNKNOWN)
+    return create(value, micros, IN_GLOBAL_WINDOW, PANE_INFO_UNKNOWN)
 
 
 def encode_stamped(header_of: Callable[[WindowedValue, Any], bytes | None],
@@ -88,14 +84,12 @@ def encode_stamped(header_of: Callable[[WindowedValue, Any], bytes | None],
     rest = header[8:]
     key_of, value_of = (impl.encode_nested for impl in kv_impls)
     rows: list[OutRow] = []
-    append, pack = rows.append, _PACK_U64
+    append = rows.append
     for v, at in zip(values, micros, strict=True):
         if type(v) is not tuple or len(v) != 2:
             return None
         k = key_of(v[0])
-        # `timestamp_bytes`, inline where it is the floor (~0.15 µs an element).
-        stamp = pack(at // 1000 + _SHIFT) if at >= 0 else timestamp_bytes(at)
-        append((0, k, stamp + rest + k + value_of(v[1])))
+        append((0, k, timestamp_bytes(at) + rest + k + value_of(v[1])))
     return rows
 
 

@@ -226,7 +226,7 @@ class _Context(userstate.UserStateContext):
                   pane: Any) -> _Timer:
         return self.timer(timer_spec, window, _At(timestamp, pane))
 
-    def timer(self, timer_spec: Any, window: Any, element: Any) -> _Timer:
+    def timer(self, timer_spec: Any, window: Any, element: _Element | None) -> _Timer:
         """The running key's timer of `timer_spec`, set from `element` (anything with a
         `timestamp` and a `pane_info`)."""
         assert self.keyed is not None

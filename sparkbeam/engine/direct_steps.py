@@ -28,7 +28,7 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN, WindowedValue, create
 
 _GLOBAL_WINDOW = GlobalWindow()
-_IN_GLOBAL_WINDOW = (_GLOBAL_WINDOW,)  # shared: a tuple, never changed in place
+IN_GLOBAL_WINDOW = (_GLOBAL_WINDOW,)  # shared: a tuple, never changed in place
 
 # Results Beam's output handler treats otherwise than wrapping them in the input's window.
 _SPECIAL = (TimestampedValue, WindowedValue, TaggedOutput)
@@ -121,8 +121,8 @@ def _stamped(window_fn: Any, out: list[Any], src: list[int] | None, wvs: list[Wi
                 # The global window, the shared tuple, and the micros as they are: Beam's
                 # WindowedValue(...) would read them back from the Timestamp, and a list per
                 # element costs a collection pass over it (~0.3 µs an element in all).
-                windowed = create(result.value, timestamp.micros, _IN_GLOBAL_WINDOW
-                                  if windows == 1 else _IN_GLOBAL_WINDOW * windows,
+                windowed = create(result.value, timestamp.micros, IN_GLOBAL_WINDOW
+                                  if windows == 1 else IN_GLOBAL_WINDOW * windows,
                                   PANE_INFO_UNKNOWN)
             else:
                 windowed = WindowedValue(result.value, timestamp,
@@ -151,7 +151,7 @@ def _window_into(window_fn: Any, values: list[Any], src: list[int] | None,
             wv = wvs[0 if src is None else src[k]]
             if len(wv.windows) != 1:
                 raise Fallback()
-            wvs.append(create(value, wv.timestamp_micros, _IN_GLOBAL_WINDOW, PANE_INFO_UNKNOWN))
+            wvs.append(create(value, wv.timestamp_micros, IN_GLOBAL_WINDOW, PANE_INFO_UNKNOWN))
         return values, list(range(start, len(wvs)))
     for k, value in enumerate(values):
         wv = wvs[0 if src is None else src[k]]

@@ -56,11 +56,10 @@ class TextRead:
     transform: str  # the Read's name, e.g. "ReadLines/Read"
     buffer_id: bytes
     files: tuple[str, ...]  # absolute local paths, none empty
-    total_bytes: int
+    sizes: tuple[int, ...]  # each file's bytes, as `files`
     # The encoded windowed value of a line up to the line's length (timestamp, window, pane),
     # checked against the stage's input coder once the pipeline is fused (`wire_prefix`).
     prefix: bytes = b""
-    sizes: tuple[int, ...] = ()  # each file's bytes, as `files`
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,7 @@ def translate_text_reads(
         buffer_id = TEXT_BUFFER_PREFIX + tid.encode()
         as_leaf(out.components, tid, urns.DATA_INPUT, buffer_id)
         sizes = [size for _, size in files]
-        reads[buffer_id] = TextRead(name, buffer_id, tuple(p for p, _ in files), sum(sizes),
-                                    sizes=tuple(sizes))
+        reads[buffer_id] = TextRead(name, buffer_id, tuple(p for p, _ in files), tuple(sizes))
         decisions.append(Decision(name, True, f"{len(files)} file(s), {sum(sizes):,} bytes"))
     return out, reads, decisions
 
@@ -253,11 +251,10 @@ def spark_splits(sizes: Iterable[int], cores: int, open_cost: int, max_bytes: in
     split = min(max_bytes, max(open_cost, total // max(1, cores)))
     chunks = sorted((min(split, size - start) for size in sizes
                      for start in range(0, size, split)), reverse=True)
-    tasks = 0
-    current = -1  # no task open
+    tasks = current = 0  # the open task's bytes, its splits' open costs counted (0: none)
     for chunk in chunks:
-        if current >= 0 and current + chunk > split:
+        if current and current + chunk > split:
             tasks += 1
-            current = -1
-        current = (0 if current < 0 else current) + chunk + open_cost
-    return tasks + (current >= 0)
+            current = 0
+        current += chunk + open_cost
+    return tasks + (current > 0)

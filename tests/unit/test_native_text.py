@@ -39,7 +39,7 @@ def test_plain_files_are_read_by_spark_and_the_read_expansion_leaves_the_pipelin
     proto, reads, decisions = translate_text_reads(p.to_runner_api())
     assert [str(d) for d in decisions] == ["Lines/Read: Spark's text source (1 file(s), 5 bytes)"]
     (read,) = reads.values()
-    assert read.files == (str(tmp_path / "a.txt"),) and read.total_bytes == 5
+    assert read.files == (str(tmp_path / "a.txt"),) and read.sizes == (5,)
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert "Lines/Read" in names and not any(n.startswith("Lines/Read/") for n in names)
     plan = plan_batch(p.to_runner_api())
