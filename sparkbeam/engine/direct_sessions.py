@@ -22,6 +22,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from apache_beam.coders import coders
 from apache_beam.transforms.window import Sessions
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
@@ -86,6 +87,49 @@ def _leads(gap: int, prefixed: bool) -> Callable[[int], bytes]:
     return lead
 
 
+_SIGN = np.uint64(1 << 63)
+_BIG_U64 = np.dtype(">u8")
+
+
+def _shifted(millis: np.ndarray) -> np.ndarray:
+    """Non-negative int64 milliseconds as TimestampCoderImpl writes them: shifted by 2**63 (for
+    such values, the sign bit set), big endian, 8 bytes a row."""
+    return (millis.view(np.uint64) ^ _SIGN).astype(_BIG_U64).view(np.uint8).reshape(-1, 8)
+
+
+def batch_leads(micros: list[int], gap: int, prefixed: bool) -> list[bytes] | None:
+    """`_leads(gap, prefixed)` of every one of `micros`, with NumPy (~0.1 µs an element
+    against ~0.5 µs for the Python function's): the same bytes, one array column a field.
+    Only for timestamps at or past the epoch whose windows end inside Beam's timestamps (the
+    floors of the element's and the window's milliseconds are then plain integer divisions)
+    and when every element's span takes a varint of the same length; None otherwise, and the
+    caller uses `_leads`."""
+    low, high = min(micros), max(micros)
+    if low < 0 or high + gap > _MAX_MICROS:
+        return None
+    at = np.array(micros, dtype=np.int64)
+    end = at + gap
+    end_ms = end // 1000
+    span = end_ms - at // 1000
+    tail_size = len(varint(int(span.min())))
+    if len(varint(int(span.max()))) != tail_size:
+        return None
+    n = len(micros)
+    columns = [_shifted(at // 1000), np.broadcast_to(np.frombuffer(_ONE_WINDOW, np.uint8), (n, 4))]
+    if prefixed:  # the window's last microsecond, then the length of the window's bytes
+        columns += [_shifted((end - 1) // 1000), np.full((n, 1), 8 + tail_size, np.uint8)]
+    columns.append(_shifted(end_ms))
+    spans = span.view(np.uint64)
+    for k in range(tail_size):  # the span's varint, seven bits a byte, least first
+        byte = (spans >> np.uint64(7 * k)) & np.uint64(0x7F)
+        if k < tail_size - 1:
+            byte |= np.uint64(0x80)
+        columns.append(byte.astype(np.uint8).reshape(-1, 1))
+    joined = np.hstack(columns).tobytes()
+    width = len(joined) // n
+    return [joined[i:i + width] for i in range(0, len(joined), width)]
+
+
 def encode_into_sessions(step: Step, gap: int, values: list[Any], src: list[int] | None,
                          wvs: list[WindowedValue], out_impl: Any,
                          kv_impls: tuple[Any, Any], prefixed: bool) -> list[OutRow] | None:
@@ -129,6 +173,14 @@ def encode_micros_into_sessions(step: Step, gap: int, values: list[Any], micros:
     pane = beams[len(lead):len(beams) - len(tail)]
     rows: list[OutRow] = []
     append = rows.append
+    batch = batch_leads(micros, gap, prefixed)
+    if batch is not None:
+        for v, head in zip(values, batch, strict=True):
+            if type(v) is not tuple or len(v) != 2:
+                return None
+            key = key_of(v[0])
+            append((0, key, head + pane + key + value_of(v[1])))
+        return rows
     for v, at in zip(values, micros, strict=True):
         if type(v) is not tuple or len(v) != 2 or at < _MIN_MICROS or at + gap > _MAX_MICROS:
             return None

@@ -104,3 +104,36 @@ def test_the_stage_takes_the_micros_encoding() -> None:
         assert calls == [True] and direct == beams
         direct, beams = _both_paths(plan, stage, [refused])
     assert calls == [True, False] and direct == beams
+
+
+@settings(max_examples=300, deadline=None)
+@given(micros=st.lists(st.one_of(st.integers(0, 10**13), st.sampled_from([0, 1, 999, 1000, 1001]),
+                                 st.integers(MAX_TIMESTAMP.micros - 10**8, MAX_TIMESTAMP.micros)),
+                       min_size=1, max_size=40),
+       gap=st.sampled_from([*_GAPS, 127.5e-3, 16.3835, 2097.1515]), prefixed=st.booleans())
+def test_a_batchs_leads_are_each_elements(micros, gap, prefixed) -> None:  # type: ignore[no-untyped-def]
+    """NumPy's bytes of a batch are `_leads`' of each element, spans whose varints change
+    length (127 or 128 ms, 16,383 or 16,384 ms, 2**21 - 1 or 2**21 ms) included; a batch it
+    does not cover (a window end past the maximum timestamp, spans of two varint lengths) is
+    refused."""
+    gap_micros = round(gap * 1e6)
+    lead = direct_sessions._leads(gap_micros, prefixed)
+    batch = direct_sessions.batch_leads(micros, gap_micros, prefixed)
+    spans = {len(varint((at + gap_micros) // 1000 - at // 1000)) for at in micros}
+    if max(micros) + gap_micros > MAX_TIMESTAMP.micros or len(spans) > 1:
+        assert batch is None
+    else:
+        assert batch == [lead(at) for at in micros]
+
+
+def test_spans_of_two_varint_lengths_are_refused() -> None:
+    assert direct_sessions.batch_leads([0, 500], 127_500, False) is None  # spans 127 and 128
+    assert direct_sessions.batch_leads([0, 600], 127_500, False) is None
+    assert direct_sessions.batch_leads([0, 1000], 127_500, True) == [
+        direct_sessions._leads(127_500, True)(at) for at in (0, 1000)]
+
+
+def test_a_batch_before_the_epoch_is_left_to_each_element() -> None:
+    """Rounding toward zero and the floor differ there, so the batch takes `_leads`."""
+    assert direct_sessions.batch_leads([5, -1], 30_000_000, True) is None
+    assert direct_sessions.batch_leads([5, 1], 30_000_000, True) is not None
