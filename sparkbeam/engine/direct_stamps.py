@@ -22,7 +22,12 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN, WindowedValue, create
 
 from sparkbeam.engine.direct_steps import IN_GLOBAL_WINDOW, Step, timestamp_bytes
+
 from sparkbeam.engine.program import OutRow
+
+# A windowed value holds its timestamp's micros as a C int64: past these, Beam's
+# `WindowedValue` raises OverflowError, which the general way then raises too.
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 
@@ -42,7 +47,8 @@ def stamped_micros(step: Step, out: list[Any], wvs: list[WindowedValue]) -> Stam
     """The values and timestamps (micros) of `out`, a function step's results, when each is
     a `TimestampedValue` at a `Timestamp`, the step's WindowFn is Beam's own GlobalWindows and
     every element of the batch (`wvs`) is in one window: `_stamped` would then put each
-    value in the global window at its timestamp and the default pane, once. None otherwise."""
+    value in the global window at its timestamp and the default pane, once. None otherwise,
+    and for a timestamp a windowed value cannot hold (Beam's own error, on the general way)."""
     if type(step.window_fn) is not GlobalWindows or not out:
         return None
     for wv in wvs:
@@ -59,6 +65,8 @@ def stamped_micros(step: Step, out: list[Any], wvs: list[WindowedValue]) -> Stam
             return None
         add_value(result.value)
         add_micros(timestamp.micros)
+    if min(micros) < _INT64_MIN or max(micros) > _INT64_MAX:
+        return None
     return Stamped(values, micros)
 
 

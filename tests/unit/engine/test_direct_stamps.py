@@ -4,12 +4,14 @@ general windowing for a batch that mixes in anything else, the user's function c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Iterator
 from unittest import mock
 
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +95,17 @@ def test_a_stamped_batch_takes_the_micros_encoding() -> None:
         direct, beams = _both_paths(plan, stage, [_batch([prefix + varint(len(s)) + s
                                                           for s in lines])])
     assert calls == {"stamped_micros": [True], "encode_stamped": [True]} and direct == beams
+
+
+def test_a_timestamp_no_windowed_value_can_hold_is_beams_error() -> None:
+    """Micros below -2**63 (a `Timestamp` takes them; Beam's `WindowedValue` does not): the
+    batch goes the general way, which fails as the bundle processor does, rather than being
+    encoded at the least timestamp."""
+    plan, stage, prefix = _plan()
+    lines = [b"1,5000000,7,0", f"2,{-(2**63) - 1},8,0".encode()]
+    batch = _batch([prefix + varint(len(s)) + s for s in lines])
+    with _spied() as calls, pytest.raises(RuntimeError, match="too large to convert"):
+        _both_paths(plan, stage, [batch])  # the direct stage first
+    assert calls == {"stamped_micros": [False], "encode_stamped": []}
+    with pytest.raises(RuntimeError, match="too large to convert"):
+        _both_paths(plan, dataclasses.replace(stage, direct=None), [batch])
