@@ -22,13 +22,11 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN, WindowedValue, create
 
 from sparkbeam.engine.direct_steps import IN_GLOBAL_WINDOW, Step, timestamp_bytes
-
 from sparkbeam.engine.program import OutRow
 
 # A windowed value holds its timestamp's micros as a C int64: past these, Beam's
 # `WindowedValue` raises OverflowError, which the general way then raises too.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
 
 
 class Stamped(NamedTuple):
