@@ -171,7 +171,11 @@ def _problem(
         # Symbolic links resolved as the file system does: Hadoop, like `abspath`, would
         # resolve 'link/..' textually, to another file.
         path = os.path.realpath(meta.path)
-        problem = _file_problem(path, meta.size_in_bytes)
+        # Beam's AUTO compression goes by the matched name (a link's own), Spark's by the
+        # file it is given (the link's target).
+        problem = (f"{meta.path} may be compressed"
+                   if os.path.basename(meta.path).lower().endswith(_COMPRESSED)
+                   else _file_problem(path, meta.size_in_bytes))
         if problem:
             return problem, []
         if meta.size_in_bytes:

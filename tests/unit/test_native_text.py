@@ -82,6 +82,19 @@ def test_files_spark_would_read_differently_keep_beams_reader(
     assert "Beam's reader" in decision and reason in decision
 
 
+@pytest.mark.parametrize(("link", "target", "content"), [
+    ("latest.txt.gz", "archive-2024", gzip.compress(b"x\n", mtime=0)),  # Beam decompresses it
+    ("plain-link.gz", "a.txt", b"x\n"),  # Beam fails on it: not gzip
+])
+def test_a_link_named_as_compressed_keeps_beams_reader(tmp_path, link, target, content) -> None:
+    """Beam's AUTO compression reads the matched name, a link's own; Spark, given the link's
+    target, would read its bytes as they are (found by helper-7)."""
+    (tmp_path / target).write_bytes(content)
+    (tmp_path / link).symlink_to(tmp_path / target)
+    (decision,) = _decisions(beam.io.ReadFromText(str(tmp_path / link)))
+    assert "Beam's reader" in decision and f"{link} may be compressed" in decision
+
+
 def test_a_file_with_a_hadoop_checksum_beside_it_keeps_beams_reader(tmp_path) -> None:
     (tmp_path / "part-0.txt").write_bytes(b"edited after Spark wrote it\n")
     (tmp_path / ".part-0.txt.crc").write_bytes(b"crc")
