@@ -18,7 +18,6 @@ from pyspark.sql.utils import is_remote
 
 from sparkbeam.errors import ExecutionError
 from sparkbeam.execute.class_archive import driver_java_options
-from sparkbeam.execute.gateway import launch_filtered
 from sparkbeam.execute.single_flight import SingleFlight
 from sparkbeam.options import SparkOptions, parse_spark_conf, positive_or_none
 
@@ -171,16 +170,12 @@ def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSessio
         defaults = {k: v for k, v in defaults.items() if k.startswith("spark.sql.")}
     else:
         defaults[_JAVA_OPTIONS] = launched_driver_options(options, defaults.get(_JAVA_OPTIONS))
-    settings = {**defaults, **parse_spark_conf(options.spark_conf)}
-    for key, value in settings.items():
+    for key, value in {**defaults, **parse_spark_conf(options.spark_conf)}.items():
         builder = builder.config(key, value)
     where = f"Spark Connect server {remote}" if remote else f"master {master}"
     for attempt in range(1, GATEWAY_ATTEMPTS + 1):
         _LOG.info("starting a SparkSession on %s", where)
         try:
-            if master is not None and _launches_a_jvm():
-                launch_filtered({"spark.master": master,
-                                 "spark.app.name": options.spark_app_name, **settings})
             return builder.getOrCreate()
         except Exception as exc:  # noqa: BLE001 - any start failure is reported with its cause
             if remote or attempt == GATEWAY_ATTEMPTS or not _gateway_exited(exc):
@@ -190,14 +185,6 @@ def _start(options: SparkOptions, extra_defaults: dict[str, str]) -> SparkSessio
             _LOG.warning("the JVM gateway exited as it launched (PySpark's JAVA_GATEWAY_EXITED, "
                          "attempt %d of %d); launching it again", attempt, GATEWAY_ATTEMPTS)
     raise AssertionError("unreachable")
-
-
-def _launches_a_jvm() -> bool:
-    """Whether `getOrCreate` would launch PySpark's gateway JVM here (none yet, and no
-    spark-submit's to attach to): sparkbeam then launches it (`gateway.py`)."""
-    from pyspark import SparkContext
-
-    return SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT")  # noqa: SLF001
 
 
 def launched_driver_options(options: SparkOptions, others: str | None = None) -> str:

@@ -52,33 +52,12 @@ def test_make_run_is_quiet_and_says_where_the_output_is(tmp_path) -> None:  # ty
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not SPARK_LOG_LINE.search(proc.stderr), proc.stderr
-    for noise in ("apitools", "log4j profile", "Setting default log level",
-                  "Using incubator modules"):
+    for noise in ("apitools", "log4j profile", "Setting default log level"):
         assert noise not in proc.stderr, proc.stderr
     assert re.search(r"counted the words of .+ on Spark \(local\[\*\]\) in [\d.]+ s",
                      proc.stdout), proc.stdout
     written = sorted(str(p) for p in tmp_path.glob("wordcount-*-of-*"))
     assert written and all(f"  {path}" in proc.stdout for path in written)
-
-
-_JVM_LOG = """
-from sparkbeam.execute.session import get_session
-from sparkbeam.options import SparkOptions
-spark = get_session(SparkOptions(["--spark_master=local[1]", "--spark_log_level=INFO"]))
-spark.range(1).collect()
-spark.stop()
-"""
-
-
-def test_the_driver_jvms_log_still_reaches_stderr() -> None:
-    """The JVM sparkbeam launches writes to stderr through a pipe that leaves out Java's
-    incubator warning (`execute/gateway.py`): what Spark logs at INFO still reaches stderr."""
-    proc = subprocess.run([sys.executable, "-c", _JVM_LOG], capture_output=True, text=True,
-                          timeout=300, env=_env(), check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO SparkContext: Running Spark version",
-                     proc.stderr, re.M), proc.stderr[-3000:]
-    assert "Using incubator modules" not in proc.stderr
 
 
 def _free_port() -> int:
