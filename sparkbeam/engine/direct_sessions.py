@@ -171,19 +171,15 @@ def encode_micros_into_sessions(step: Step, gap: int, values: list[Any], micros:
     if not beams.startswith(lead) or len(beams) - len(tail) - len(lead) != 1:
         return None
     pane = beams[len(lead):len(beams) - len(tail)]
+    if min(micros) < _MIN_MICROS or max(micros) + gap > _MAX_MICROS:
+        return None
+    # The batch's leading bytes with NumPy where it covers them, else each element's.
+    heads = batch_leads(micros, gap, prefixed)
     rows: list[OutRow] = []
     append = rows.append
-    batch = batch_leads(micros, gap, prefixed)
-    if batch is not None:
-        for v, head in zip(values, batch, strict=True):
-            if type(v) is not tuple or len(v) != 2:
-                return None
-            key = key_of(v[0])
-            append((0, key, head + pane + key + value_of(v[1])))
-        return rows
-    for v, at in zip(values, micros, strict=True):
-        if type(v) is not tuple or len(v) != 2 or at < _MIN_MICROS or at + gap > _MAX_MICROS:
+    for v, head in zip(values, map(leads, micros) if heads is None else heads, strict=True):
+        if type(v) is not tuple or len(v) != 2:
             return None
         key = key_of(v[0])
-        append((0, key, leads(at) + pane + key + value_of(v[1])))
+        append((0, key, head + pane + key + value_of(v[1])))
     return rows
