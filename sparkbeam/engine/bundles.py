@@ -111,7 +111,7 @@ def keyed_bundles(rows: Iterable[Row], size: int, max_bytes: int,
         if current is None or not run:
             return
         n = current[1]
-        for element in groupers[n].group(run):
+        for element in groupers[n].group(run, current[0]):
             bundle.add(n, element)
         run.clear()
 
@@ -149,7 +149,7 @@ class GroupedBatch:
 
 
 def grouped_batches(rows: Iterable[Row], size: int, max_bytes: int,
-                    group: Callable[[list[bytes]], list[Any]]) -> Iterator[GroupedBatch]:
+                    group: Callable[[list[bytes], bytes], list[Any]]) -> Iterator[GroupedBatch]:
     """One GroupByKey input's rows, each key's together, grouped key by key (`group`) into
     batches that end at a key boundary once they hold `size` keys or `max_bytes` of input, as
     `keyed_bundles` cuts a grouped input's bundles (a key's grouped elements, one per window,
@@ -160,7 +160,7 @@ def grouped_batches(rows: Iterable[Row], size: int, max_bytes: int,
     run: list[bytes] = []
     for _n, key, value in rows:
         if run and key != current:
-            batch.extend(group(run))
+            batch.extend(group(run, current))  # type: ignore[arg-type]
             run = []
             keys += 1
             if keys >= size or taken >= max_bytes:
@@ -170,6 +170,6 @@ def grouped_batches(rows: Iterable[Row], size: int, max_bytes: int,
         run.append(value)
         taken += len(value)
     if run:
-        batch.extend(group(run))
+        batch.extend(group(run, current))  # type: ignore[arg-type]
     if batch:
         yield GroupedBatch(batch)

@@ -44,6 +44,8 @@ from apache_beam.utils import windowed_value
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 from sparkbeam.engine.direct_steps import coded_micros
+from sparkbeam.engine.session_rows import layout_of
+from sparkbeam.engine.session_rows import merged as merged_bounds
 from sparkbeam.engine.window_coders import faster_impl, interval_window
 from sparkbeam.plan.model import Grouping
 
@@ -55,8 +57,9 @@ ON_TIME_PANE = PaneInfo(is_first=True, is_last=False, timing=PaneInfoTiming.ON_T
 class Grouper(Protocol):
     """Groups one key's encoded values (nested context) into its grouped element(s)."""
 
-    def group(self, values: list[bytes]) -> list[bytes]:
-        """Encoded chunk(s) holding one grouped element per window (and pane)."""
+    def group(self, values: list[bytes], key: bytes | None = None) -> list[bytes]:
+        """Encoded chunk(s) holding one grouped element per window (and pane); `key`, the
+        key's bytes as the rows carry it."""
         ...
 
 
@@ -75,7 +78,7 @@ class TriggerDriverGrouper:
         self._post = ctx.coders[grouping.output_coder_id]
         self._windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
 
-    def group(self, values: list[bytes]) -> list[bytes]:
+    def group(self, values: list[bytes], key: bytes | None = None) -> list[bytes]:
         buffer = GroupingBuffer(self._pre, self._post, self._windowing)
         buffer.append(b"".join(values))
         return [chunk for chunk in buffer.partition(1)[0] if chunk]
@@ -122,9 +125,14 @@ class ByWindowGrouper:
         # window only where its end is at micros precision.
         kind = _STAMP_KINDS.get(type(self._stamp), "")
         self._stamp_kind = "" if kind == "end" and not micros_ends else kind
+        # The input shuffled as window bounds and values (`engine/session_rows.py`).
+        self._rows = (layout_of(ctx.coders[grouping.input_coder_id])
+                      if grouping.session_rows else None)
+        if self._rows is not None:
+            assert self._sessions and self._stamp_kind == "end", grouping.transform_id
 
-    def group(self, values: list[bytes]) -> list[bytes]:
-        grouped = self.grouped(values)
+    def group(self, values: list[bytes], key: bytes | None = None) -> list[bytes]:
+        grouped = self.grouped(values, key_bytes=key)
         if not grouped:
             return []
         out = create_OutputStream()
@@ -136,11 +144,18 @@ class ByWindowGrouper:
         """One grouped element as `group` encodes it."""
         return self._post.encode_nested(element)
 
-    def grouped(self, values: list[bytes], coded: bool = False) -> list[WindowedValue]:
+    def grouped(self, values: list[bytes], coded: bool = False, key_bytes: bytes | None = None
+                ) -> list[WindowedValue]:
         """One key's grouped elements, one per window, as `group` encodes them; when `coded`,
         at their timestamps as Beam's coder gives them back (`coded_micros`), as a direct
         grouped stage takes them (`engine/direct.py`: the bundle processor would see them
-        decoded)."""
+        decoded). `key_bytes`: the key's bytes in the rows (session rows carry no other)."""
+        if self._rows is not None:
+            assert key_bytes is not None, "session rows grouped without their key"
+            bounds = self._rows.read(values)
+            if bounds is not None:
+                return self._from_bounds(key_bytes, *bounds, coded)
+            values = self._rows.elements(key_bytes, values)
         stream = create_InputStream(b"".join(values))
         decode = self._pre.decode_from_stream
         # Entries by window, keyed by `_window_key` (an IntervalWindow's hash and equality go
@@ -188,6 +203,23 @@ class ByWindowGrouper:
                 micros = timestamp.micros
             out.append(windowed_value.create((key, values), coded_micros(micros) if coded
                                              else micros, (window,), ON_TIME_PANE))
+        return out
+
+    def _from_bounds(self, key: bytes, starts: Any, ends: Any, values: list[Any], coded: bool
+                     ) -> list[WindowedValue]:
+        """`grouped` of a key's session rows: its windows merged with NumPy (`merged`), each
+        session at its end of window."""
+        assert self._rows is not None
+        user_key = self._rows.key.decode_nested(key)
+        out: list[WindowedValue] = []
+        at = 0
+        firsts, lasts, stamps, sizes, take = merged_bounds(starts, ends)
+        ordered = [values[i] for i in take]
+        create = windowed_value.create
+        for start, end, stamp, size in zip(firsts, lasts, stamps, sizes, strict=True):
+            out.append(create((user_key, ordered[at:at + size]), stamp if coded else end - 1,
+                              (interval_window(start, end),), ON_TIME_PANE))
+            at += size
         return out
 
     def _merge(self, windows: Iterable[Any]) -> dict[Any, Any]:

@@ -41,7 +41,7 @@ from apache_beam.coders import coders
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
-from sparkbeam.engine.arrow import Columns, binary_buffers, columns_of
+from sparkbeam.engine.arrow import Columns, binary_buffers, columns_of, cut_out
 from sparkbeam.engine.bundles import Bundle
 from sparkbeam.plan.arrow_batches import PACKED_STRETCH_ROWS
 from sparkbeam.plan.grouping_paths import columnar_coders
@@ -160,16 +160,6 @@ def cuttable(data: np.ndarray, begin: np.ndarray, end: np.ndarray, key_offsets: 
         same = data[where] == key_data
         ok &= np.bincount(row[~same], minlength=n) == 0
     return ok, begin + _HEADER + key_len
-
-
-def cut_out(data: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """The bytes [begin, end) of `data` of each row, back to back, in one gather (its index
-    as long as what it cuts, not as `data`)."""
-    lengths = end - begin
-    if not len(lengths):
-        return data[:0]
-    before = np.cumsum(lengths) - lengths
-    return data[np.arange(int(before[-1] + lengths[-1])) + np.repeat(begin - before, lengths)]
 
 
 def _counts(data: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:

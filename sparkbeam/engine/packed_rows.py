@@ -32,9 +32,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkbeam.engine.arrow import binary_buffers
-from sparkbeam.engine.keyed_columns import cut_out, cuttable
+from sparkbeam.engine.arrow import binary_buffers, cut_out
+from sparkbeam.engine.keyed_columns import cuttable
 from sparkbeam.engine.program import OutRow
+from sparkbeam.engine.session_rows import SessionRows, session_rows
 from sparkbeam.plan.arrow_batches import PACKED_ROW_BYTES, PACKED_STRETCH_ROWS
 
 MAX_ROWS = PACKED_STRETCH_ROWS
@@ -60,21 +61,28 @@ def counted_value(coder: Any) -> Revalue:
 
 def packed(rows: Iterable[OutRow], tags: Set[int], max_rows: int = MAX_ROWS,
            max_bytes: int = MAX_BYTES, max_row_bytes: int = PACKED_ROW_BYTES,
-           counted: Mapping[int, Revalue] | None = None) -> Iterator[OutRow]:
-    """`rows` with those of `tags` packed per key, and those of `counted`'s tags counted (see
-    the module doc)."""
+           counted: Mapping[int, Revalue] | None = None,
+           sessions: Mapping[int, SessionRows] | None = None) -> Iterator[OutRow]:
+    """`rows` with those of `tags` packed per key, those of `counted`'s tags counted, and
+    those of `sessions`' as session rows (see the module doc, `engine/session_rows.py`)."""
     counted = counted or {}
+    sessions = sessions or {}
     # Each packed tag's rows as they came, packed at the flush: a streamed tag's per key in
-    # Python, a counted tag's with NumPy. Only the append runs once a row.
-    held: dict[int, list[OutRow]] = {tag: [] for tag in (*tags, *counted)}
+    # Python, a counted or sessions tag's with NumPy. Only the append runs once a row.
+    held: dict[int, list[OutRow]] = {tag: [] for tag in (*tags, *counted, *sessions)}
     count = size = 0
 
     def flush() -> Iterator[OutRow]:
         for tag, kept in held.items():
             if kept:
                 revalue = counted.get(tag)
-                yield from (_streamed_rows(kept, max_row_bytes) if revalue is None
-                            else _counted_rows(tag, kept, revalue, max_row_bytes))
+                layout = sessions.get(tag)
+                if layout is not None:
+                    yield from session_rows(tag, kept, layout, max_row_bytes)
+                elif revalue is None:
+                    yield from _streamed_rows(kept, max_row_bytes)
+                else:
+                    yield from _counted_rows(tag, kept, revalue, max_row_bytes)
                 kept.clear()
 
     for row in rows:

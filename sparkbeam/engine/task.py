@@ -11,7 +11,6 @@ delay they ask for, until none is left.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import time
@@ -42,6 +41,7 @@ from sparkbeam.engine.bundles import (
 )
 from sparkbeam.engine.grouping import ByWindowGrouper
 from sparkbeam.engine.packed_rows import counted_value, packed
+from sparkbeam.engine.session_rows import layout_of
 from sparkbeam.engine.program import Chunks, OutRow, StageProgram, program_for
 from sparkbeam.engine.run import StageRun
 from sparkbeam.engine.task_errors import error_payload
@@ -85,6 +85,9 @@ class TaskSpec:
     # Output tags whose rows are counted (`engine/packed_rows.py`): every reader of their
     # buffers groups the global window from columns and takes each row for a count and values.
     counted_tags: frozenset[int] = frozenset()
+    # Output tags whose rows are session rows (`engine/session_rows.py`): every reader of
+    # their buffers groups Beam's Sessions per window from window bounds and values.
+    session_tags: frozenset[int] = frozenset()
 
 
 def run_stage_task(
@@ -116,9 +119,10 @@ def run_stage_task(
         worker = LeasedOnUse(stack, lease, side_inputs)
         out = _run_leased(spec, program, worker, rows, side_inputs, attempt, key, reporter)
         try:
-            if spec.packed_tags or spec.counted_tags:
+            if spec.packed_tags or spec.counted_tags or spec.session_tags:
                 counted = {n: counted_value(program.out_coders[n]) for n in spec.counted_tags}
-                yield from packed(out, spec.packed_tags, counted=counted)
+                sessions = {n: layout_of(program.out_coders[n]) for n in spec.session_tags}
+                yield from packed(out, spec.packed_tags, counted=counted, sessions=sessions)
             else:
                 yield from out
         finally:
@@ -281,7 +285,7 @@ def _run_direct_grouped(spec: TaskSpec, run: StageRun, rows: Iterable[Row],
         decode = direct.decode_grouped
     elif isinstance(grouper, ByWindowGrouper) and grouper.exact_windows:
         batches = grouped_batches(rows, spec.bundle_size, spec.bundle_bytes,
-                                  functools.partial(grouper.grouped, coded=True))
+                                  lambda values, key: grouper.grouped(values, True, key))
         decode = direct.decode_windowed
         encode = grouper.encode
     else:

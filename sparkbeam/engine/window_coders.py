@@ -29,8 +29,8 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
 _PACK_U64 = struct.Struct(">Q").pack
 _SHIFT = 1 << 63
-_MIN_MICROS = MIN_TIMESTAMP.micros
-_MAX_MICROS = MAX_TIMESTAMP.micros
+MIN_MICROS = MIN_TIMESTAMP.micros
+MAX_MICROS = MAX_TIMESTAMP.micros
 
 
 def max_timestamp_bytes(end_micros: int) -> bytes:
@@ -67,7 +67,7 @@ class _PrefixedIntervalImpl(coder_impl.StreamCoderImpl):
         # At the bounds, a window made of Timestamps past them keeps its clamped micros but
         # its unclamped end, which is what Beam's max_timestamp() reads: Beam's way there.
         end = value._end_micros if type(value) is IntervalWindow else None  # noqa: SLF001
-        if end is None or not _MIN_MICROS < end < _MAX_MICROS:
+        if end is None or not MIN_MICROS < end < MAX_MICROS:
             self._beams.encode_to_stream(value, out, nested)
             return
         out.write(max_timestamp_bytes(end))

@@ -23,7 +23,7 @@ from sparkbeam.execute.dataset import BatchReader, Datasets
 from sparkbeam.execute.spark_io import read_buffer, read_query, write_buffer
 from sparkbeam.options import DEFAULT_BUNDLE_SIZE, PLAIN_BUNDLE_SIZE
 from sparkbeam.plan.model import IMPULSE_BUFFER, Plan, Stage, StageKind
-from sparkbeam.plan.packed_rows import packed_tags
+from sparkbeam.plan.packed_rows import packed_tags, session_tags
 
 _LOG = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class Executor:
 
     def _run_on_driver(self, run: _Run, spec: TaskSpec, side: dict[Any, Any] | None) -> None:
         stage = spec.stage
-        if spec.packed_tags or spec.counted_tags:  # it keeps values, not keys: no reader's
+        if spec.packed_tags or spec.counted_tags or spec.session_tags:  # values, not keys
             raise ExecutionError(f"{stage.display}: planned to run in the driver, but its "
                                  "output is packed for a keyed reader")
         rows = [(n, None, value) for n, i in enumerate(stage.inputs)
@@ -235,6 +235,7 @@ class Executor:
         return TaskSpec(
             packed_tags=packed,
             counted_tags=counted,
+            session_tags=session_tags(plan, stage),
             stage=stage,
             components=plan.components,
             groupings={i.buffer_id: plan.groupings[i.buffer_id]

@@ -91,8 +91,9 @@ def plan_batch(
         plan, text_reads=reads, spark_reads=spark_reads, spark_writes=writes,
         kept_in_spark=kept_in_spark)
     if native and packing:
-        packed, counted = packed_buffers(plan)
-        plan = dataclasses.replace(plan, packed=packed, groupings=with_counted(plan, counted))
+        packed, counted, sessions = packed_buffers(plan)
+        plan = dataclasses.replace(plan, packed=packed,
+                                   groupings=with_counted(plan, counted, sessions))
     return dataclasses.replace(
         plan, decisions=(tuple(spark_decisions) + tuple(str(d) for d in decisions) + tuple(regroups)
                    + grouping_decisions(plan)

@@ -23,6 +23,7 @@ from apache_beam.coders.coder_impl import WindowedValueCoderImpl
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.fn_api_runner import translations
+from apache_beam.transforms import window
 
 from sparkbeam.plan.model import Grouping, Plan
 
@@ -60,6 +61,14 @@ def columnar_coders(grouping: Grouping, ctx: Any
             and isinstance(post.window_coder, coders.GlobalWindowCoder)
             and type(pre.get_impl()) is WindowedValueCoderImpl):
         return None
+    found = _kv_coders(pre, post)
+    return None if found is None else (pre, *found)
+
+
+def _kv_coders(pre: coders.WindowedValueCoder, post: coders.WindowedValueCoder
+               ) -> tuple[coders.Coder, coders.Coder] | None:
+    """The key and value coders of a GroupByKey of a windowed KV in and a windowed KV of the
+    key and an iterable of the same values out."""
     kv, grouped = pre.wrapped_value_coder, post.wrapped_value_coder
     if not (isinstance(kv, coders.TupleCoder) and isinstance(grouped, coders.TupleCoder)
             and len(kv.coders()) == 2 and len(grouped.coders()) == 2):
@@ -69,7 +78,49 @@ def columnar_coders(grouping: Grouping, ctx: Any
     if not (post_key == key and isinstance(values, coders.IterableCoder)
             and values.value_coder() == value):
         return None
-    return pre, key, value
+    return key, value
+
+
+def session_coders(grouping: Grouping, ctx: Any
+                   ) -> tuple[coders.WindowedValueCoder, coders.Coder, coders.Coder] | None:
+    """The (pre-grouping, key, value) coders of a GroupByKey whose input batch shuffles as
+    session rows (`engine/session_rows.py`):
+    grouped per window, under Beam's own Sessions of a gap of a millisecond or more (so no
+    window Beam's coder gives back is empty), the end-of-window output time (so no element's
+    timestamp counts), Beam's own windowed value encoding of a KV, its windows coded as
+    `window_layout` takes. None for any other."""
+    if not grouping.by_window:
+        return None
+    windowing = ctx.windowing_strategies[grouping.windowing_strategy_id]
+    fn = windowing.windowfn
+    if not (type(fn) is window.Sessions and fn.gap_size.micros >= 1000
+            and windowing.timestamp_combiner == window.TimestampCombiner.OUTPUT_AT_EOW):
+        return None
+    pre, post = ctx.coders[grouping.input_coder_id], ctx.coders[grouping.output_coder_id]
+    if not (type(pre) is coders.WindowedValueCoder and isinstance(post, coders.WindowedValueCoder)
+            and type(pre.get_impl()) is WindowedValueCoderImpl
+            and type(pre.timestamp_coder) is coders.TimestampCoder
+            and window_layout(pre.window_coder) is not None):
+        return None
+    found = _kv_coders(pre, post)
+    return None if found is None else (pre, *found)
+
+
+def window_layout(coder: coders.Coder) -> tuple[int, bool] | None:
+    """Where an interval window's end lies in a windowed value of `coder`'s windows (after
+    the timestamp, the window count, and the max-timestamp prefix and window length where
+    there are), and whether a length comes before it: `IntervalWindowCoder`, alone or under
+    Beam's `TimestampPrefixingWindowCoder`, itself length-prefixed or not. None otherwise."""
+    if type(coder) is coders.IntervalWindowCoder:
+        return 12, False
+    if type(coder) is not coders.TimestampPrefixingWindowCoder:
+        return None
+    (inner,) = coder._get_component_coders()  # noqa: SLF001 - its one component
+    length = type(inner) is coders.LengthPrefixCoder
+    if length:
+        inner = inner.value_coder()
+    return (21, True) if length else (20, False) if type(inner) is coders.IntervalWindowCoder \
+        else None
 
 
 def grouping_decisions(plan: Plan) -> tuple[str, ...]:
@@ -80,6 +131,7 @@ def grouping_decisions(plan: Plan) -> tuple[str, ...]:
     out: list[str] = []
     # An unlifted combine's GroupByKey has two buffers, of which a stage reads one.
     packed = {g.transform_id for b, g in plan.groupings.items() if b in plan.packed}
+    session_rows = {g.transform_id for g in plan.groupings.values() if g.session_rows}
     for grouping in sorted(plan.groupings.values(), key=lambda g: g.transform_id):
         strategy = comps.windowing_strategies[grouping.windowing_strategy_id]
         if out and out[-1].startswith(f"{grouping.transform_id}: "):
@@ -87,6 +139,8 @@ def grouping_decisions(plan: Plan) -> tuple[str, ...]:
         if grouping.by_window:
             out.append(f"{grouping.transform_id}: grouped per window by the runner (default "
                        "trigger: one on-time pane per window)" + (
+                           "; its input shuffled as session rows (window bounds and values, "
+                           "several of a key's a row)" if grouping.transform_id in session_rows else
                            "; its input shuffled several of a key's elements a row"
                            if grouping.transform_id in packed else ""))
         elif grouping.counted:

@@ -118,6 +118,10 @@ class Grouping:
     # its buffer is a count and that many of a key's values, encoded without their windowed
     # headers and keys (`plan/packed_rows.py`), never an element.
     counted: bool = False
+    # Batch, Beam's Sessions grouped per window: every row of its buffer is a count and that
+    # many of a key's window bounds and values, or a count of 0 and one element
+    # (`engine/session_rows.py`, `plan/packed_rows.py`).
+    session_rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,15 @@ the grouping is sure to read it from columns (every input of each reading stage 
 coder; `Grouping.counted` tells the reader, which then takes every row of it for a count
 (`engine/task.py` refuses a counted input its stage does not group from columns).
 
+A fourth takes a key's rows together and reads only each element's window and value: the
+grouping per window under Beam's own Sessions with the end-of-window output time
+(`grouping_paths.session_coders`). Its buffers are packed as *session rows*
+(`engine/session_rows.py`): a count, then the windows' bounds as integers and the values, so
+the reader merges the windows with NumPy and decodes a row's values in one call; an element
+whose bytes are not as expected stays whole in a row of its own. `Grouping.session_rows`
+tells the reader (`ByWindowGrouper`, on either path), as for counted ones the producers write
+it in the grouping's own input coder.
+
 A buffer is packed only where every reader takes the same one of those: each stage that
 reads it is a GROUPED stage whose grouping of it is by window, or a STATEFUL stage run directly
 (not a splittable one, whose bundles are split by element, nor one through Beam's bundle
@@ -51,19 +60,20 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_fn_api_pb2, beam_runner_api_pb2
 from apache_beam.runners.pipeline_context import PipelineContext
 
-from sparkbeam.plan.grouping_paths import columnar_coders
+from sparkbeam.plan.grouping_paths import columnar_coders, session_coders
 from sparkbeam.plan.model import IMPULSE_BUFFER, Grouping, Plan, Stage, StageKind
 
-_STREAMED, _COUNTED = "streamed", "counted"
+_STREAMED, _COUNTED, _SESSIONS = "streamed", "counted", "sessions"
 _PRECOMBINE = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
 
 
-def packed_buffers(plan: Plan) -> tuple[frozenset[bytes], frozenset[bytes]]:
-    """The buffers of `plan` whose producers may pack their rows, and those of them whose
-    rows are counted (see the module doc)."""
+def packed_buffers(plan: Plan) -> tuple[frozenset[bytes], frozenset[bytes], frozenset[bytes]]:
+    """The buffers of `plan` whose producers may pack their rows, those of them whose rows
+    are counted, and those packed as session rows (see the module doc)."""
     ctx = PipelineContext(beam_runner_api_pb2.Components.FromString(plan.components))
     lifted = _lifted(plan)
     columnar = {b: _columnar(g, ctx) and b not in lifted for b, g in plan.groupings.items()}
+    sessions = {b for b, g in plan.groupings.items() if _sessions(g, ctx)}
     readers: dict[bytes, list[str | None]] = {}  # buffer -> the rows each reader takes
     other: set[bytes] = {op.buffer_id for op in plan.spark_writes} | {IMPULSE_BUFFER}
     other.update(plan.text_reads, plan.spark_reads)
@@ -74,16 +84,17 @@ def packed_buffers(plan: Plan) -> tuple[frozenset[bytes], frozenset[bytes]]:
         from_columns = stage.kind is StageKind.GROUPED and all(
             columnar.get(i.buffer_id, False) for i in stage.inputs)
         for inp in stage.inputs:
-            readers.setdefault(inp.buffer_id, []).append(_reader(plan, stage, inp.buffer_id,
-                                                                 from_columns))
+            readers.setdefault(inp.buffer_id, []).append(_reader(
+                plan, stage, inp.buffer_id, from_columns, inp.buffer_id in sessions))
         for out in stage.outputs:  # a counted row's values are cut as the grouping's coder's
             grouping = plan.groupings.get(out.buffer_id)
             if grouping is not None and out.coder_id != grouping.input_coder_id:
                 uncut.add(out.buffer_id)
     kinds = {b: takes[0] for b, takes in readers.items()
              if b not in other and takes[0] is not None and len(set(takes)) == 1
-             and not (takes[0] == _COUNTED and b in uncut)}
-    return frozenset(kinds), frozenset(b for b, kind in kinds.items() if kind == _COUNTED)
+             and not (takes[0] in (_COUNTED, _SESSIONS) and b in uncut)}
+    return (frozenset(kinds), frozenset(b for b, kind in kinds.items() if kind == _COUNTED),
+            frozenset(b for b, kind in kinds.items() if kind == _SESSIONS))
 
 
 def _lifted(plan: Plan) -> set[bytes]:
@@ -106,12 +117,20 @@ def _columnar(grouping: Grouping, ctx: Any) -> bool:
         return False
 
 
-def _reader(plan: Plan, stage: Stage, buffer_id: bytes, from_columns: bool) -> str | None:
+def _sessions(grouping: Grouping, ctx: Any) -> bool:
+    try:
+        return session_coders(grouping, ctx) is not None
+    except Exception:  # noqa: BLE001 - a coder Beam cannot build: its stage reports it, unpacked
+        return False
+
+
+def _reader(plan: Plan, stage: Stage, buffer_id: bytes, from_columns: bool, sessions: bool
+            ) -> str | None:
     """The packed rows `stage` can read of `buffer_id`, if any."""
     grouping = plan.groupings.get(buffer_id)
     if stage.kind is StageKind.GROUPED and grouping is not None:
         if grouping.by_window:
-            return _STREAMED
+            return _SESSIONS if sessions else _STREAMED
         return _COUNTED if from_columns else None
     if stage.kind is StageKind.STATEFUL and grouping is None and stage.direct_stateful:
         return _STREAMED
@@ -127,10 +146,21 @@ def packed_tags(plan: Plan, stage: Stage) -> tuple[frozenset[int], frozenset[int
     of it for a count and values."""
     counted = frozenset(n for n, o in enumerate(stage.outputs)
                         if o.buffer_id in plan.groupings and plan.groupings[o.buffer_id].counted)
-    return frozenset(n for n, o in enumerate(stage.outputs)
-                     if o.buffer_id in plan.packed and n not in counted), counted
+    sessions = session_tags(plan, stage)
+    return frozenset(n for n, o in enumerate(stage.outputs) if o.buffer_id in plan.packed
+                     and n not in counted and n not in sessions), counted
 
 
-def with_counted(plan: Plan, counted: frozenset[bytes]) -> dict[bytes, Grouping]:
-    """`plan`'s groupings, those of `counted` marked so (`Grouping.counted`)."""
-    return {b: dataclasses.replace(g, counted=b in counted) for b, g in plan.groupings.items()}
+def session_tags(plan: Plan, stage: Stage) -> frozenset[int]:
+    """The output tags of `stage` whose rows its tasks pack as session rows: not optional
+    either, their readers take every row of them for one."""
+    return frozenset(n for n, o in enumerate(stage.outputs) if o.buffer_id in plan.groupings
+                     and plan.groupings[o.buffer_id].session_rows)
+
+
+def with_counted(plan: Plan, counted: frozenset[bytes], sessions: frozenset[bytes] = frozenset()
+                 ) -> dict[bytes, Grouping]:
+    """`plan`'s groupings, those of `counted` and `sessions` marked so (`Grouping.counted`,
+    `Grouping.session_rows`)."""
+    return {b: dataclasses.replace(g, counted=b in counted, session_rows=b in sessions)
+            for b, g in plan.groupings.items()}

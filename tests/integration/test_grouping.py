@@ -86,7 +86,8 @@ def test_sessions_merge_the_same_as_fnapi_and_say_so() -> None:
     build = _pipeline(events, window.Sessions(5), window.TimestampCombiner.OUTPUT_AT_EOW, False)
     assert [d for d in _decisions(build) if d.startswith("Group:")] == [
         "Group: grouped per window by the runner (default trigger: one on-time pane per window); "
-        "its input shuffled several of a key's elements a row"]
+        "its input shuffled as session rows (window bounds and values, several of a key's a "
+        "row)"]
     expected = run_and_collect(build, FnApiRunner())
     # a's first three events bridge into one session [1 s, 13 s); two more sessions of a, one of b.
     assert len(expected) == 4 and any("[1, 2, 4]" in line and "13.0" in line

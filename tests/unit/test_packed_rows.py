@@ -7,13 +7,15 @@ import dataclasses
 from typing import Any
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import trigger, userstate, window
 
 from sparkbeam.plan.arrow_batches import PACKED_ROW_BYTES, largest_row
 from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.model import Plan, StageKind
-from sparkbeam.plan.packed_rows import packed_tags
+from sparkbeam.plan.grouping_paths import grouping_decisions
+from sparkbeam.plan.packed_rows import packed_tags, session_tags
 from sparkbeam.runner import prepare
 
 
@@ -38,13 +40,34 @@ def _group_input(plan: Plan) -> bytes:
 
 
 def test_a_grouping_per_window_is_packed_and_its_producer_packs_it() -> None:
-    plan = _grouped(beam.WindowInto(window.Sessions(5)))
+    plan = _grouped(beam.WindowInto(window.FixedWindows(5)))
     buffer_id = _group_input(plan)
-    assert plan.groupings[buffer_id].by_window
+    assert plan.groupings[buffer_id].by_window and not plan.groupings[buffer_id].session_rows
     assert plan.packed == {buffer_id}
     producer = next(s for s in plan.stages if any(o.buffer_id == buffer_id for o in s.outputs))
     tags, counted = packed_tags(plan, producer)
     assert [producer.outputs[n].buffer_id for n in tags] == [buffer_id] and not counted
+    assert not session_tags(plan, producer)
+
+
+@pytest.mark.parametrize("windowing, rows", [
+    (window.Sessions(5), True),
+    (window.Sessions(0.0005), False),  # a window Beam's coder gives back may be empty
+])
+def test_beams_sessions_shuffle_as_session_rows_where_no_window_is_empty(
+        windowing: Any, rows: bool) -> None:
+    plan = _grouped(beam.WindowInto(windowing))
+    buffer_id = _group_input(plan)
+    assert plan.groupings[buffer_id].by_window
+    assert plan.groupings[buffer_id].session_rows == rows
+    assert plan.packed == {buffer_id}
+    producer = next(s for s in plan.stages if any(o.buffer_id == buffer_id for o in s.outputs))
+    tags, counted = packed_tags(plan, producer)
+    assert not counted
+    assert [producer.outputs[n].buffer_id for n in (session_tags(plan, producer) if rows
+                                                    else tags)] == [buffer_id]
+    assert not (tags and session_tags(plan, producer))
+    assert ("shuffled as session rows" in " ".join(grouping_decisions(plan))) == rows
 
 
 def test_the_global_windows_grouping_from_columns_is_counted() -> None:
@@ -136,10 +159,12 @@ def test_batches_by_count_alone_pack_nothing_and_the_log_says_which_grouping_pac
     # An unlifted combine's GroupByKey, listed once though it has two buffers.
     assert [d for d in plan.decisions if "grouped per window" in d] == [
         "Sum/GroupByKey: grouped per window by the runner (default trigger: one on-time pane per "
-        "window); its input shuffled several of a key's elements a row"]
+        "window); its input shuffled as session rows (window bounds and values, several of a "
+        "key's a row)"]
     rows = prepare(proto, PipelineOptions(["--arrow_batch_bytes=rows"]))
     assert rows.packed == frozenset()
-    assert not any("shuffled several" in d for d in rows.decisions)
+    assert not any(g.session_rows for g in rows.groupings.values())
+    assert not any("shuffled" in d for d in rows.decisions)
 
 
 def test_the_log_says_which_global_grouping_is_counted() -> None:

@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkbeam.engine.context import pipeline_context
+from sparkbeam.engine.packed_rows import packed
+from sparkbeam.engine.session_rows import layout_of
 from sparkbeam.engine.task import TaskSpec, run_stage_task
 from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.model import StageKind
@@ -41,6 +43,17 @@ def _stage(windowing: str) -> tuple[Any, Any]:
 
 
 def _rows(plan: Any, stage: Any, events: list[tuple[str, int, int]]) -> list[Any]:
+    """The stage's input rows as its producer writes them: session rows where the plan says
+    (`engine/session_rows.py`), else one element a row."""
+    rows = _elements(plan, stage, events)
+    grouping = plan.groupings[stage.inputs[0].buffer_id]
+    if not grouping.session_rows:
+        return rows
+    coder = pipeline_context(plan.components).coders[grouping.input_coder_id]
+    return sorted(packed(iter(rows), set(), sessions={0: layout_of(coder)}), key=lambda r: r[1])
+
+
+def _elements(plan: Any, stage: Any, events: list[tuple[str, int, int]]) -> list[Any]:
     grouping = plan.groupings[stage.inputs[0].buffer_id]
     ctx = pipeline_context(plan.components)
     coder = ctx.coders[grouping.input_coder_id]

@@ -18,12 +18,14 @@ from apache_beam.transforms.window import GlobalWindows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkbeam.engine.context import pipeline_context
 from sparkbeam.engine.packed_rows import counted_value, packed
+from sparkbeam.engine.session_rows import layout_of
 from sparkbeam.engine.task import TaskSpec, run_stage_task
 from sparkbeam.plan.batch import plan_batch
 from sparkbeam.plan.model import IMPULSE_BUFFER, StageKind
 from sparkbeam.plan.packed_rows import packed_tags
-from tests.unit.engine.test_direct_grouped import _FNS, _rows, _stage
+from tests.unit.engine.test_direct_grouped import _FNS, _elements, _stage
 from tests.unit.engine.test_direct_stateful import _EVENTS as _STATEFUL_EVENTS
 from tests.unit.engine.test_direct_stateful import PLANS as STATEFUL_PLANS
 from tests.unit.engine.test_direct_stateful import _rows as _stateful_rows
@@ -97,17 +99,26 @@ def test_a_grouped_stage_reads_packed_rows_as_it_reads_one_element_a_row(
         direct: bool) -> None:
     plan, stage = _stage(windowing)
     spec = _spec(plan, stage if direct else dataclasses.replace(stage, direct=None), bundle_size)
-    rows = _rows(plan, stage, events)
+    rows = _elements(plan, stage, events)
+    grouping = plan.groupings[stage.inputs[0].buffer_id]
+    # Beam's Sessions shuffle as session rows (`engine/session_rows.py`): against the same
+    # stage planned to read one element a row.
+    assert grouping.session_rows == (windowing == "sessions")
+    plain = dataclasses.replace(spec, groupings={
+        b: dataclasses.replace(g, session_rows=False) for b, g in spec.groupings.items()})
+    sessions = ({0: layout_of(pipeline_context(plan.components).coders[grouping.input_coder_id])}
+                if grouping.session_rows else {})
     # Packed as a producer packs them, then each key's rows together again, as the shuffle
     # hands them on (its sort keeps no order within a key: a key's rows in any order).
-    packs = sorted(packed(iter(rows), {0}, max_rows=max_rows), key=lambda r: r[1])
+    packs = sorted(packed(iter(rows), set() if sessions else {0}, max_rows=max_rows,
+                          sessions=sessions), key=lambda r: r[1])
     if max_rows > len(events) > len({k for k, _, _ in events}):
         assert len(packs) < len(rows)
 
-    def data(given: list[Any]) -> list[Any]:
-        return sorted(r for r in run_stage_task(spec, iter(given), {}) if r[0] >= 0)
+    def data(task: TaskSpec, given: list[Any]) -> list[Any]:
+        return sorted(r for r in run_stage_task(task, iter(given), {}) if r[0] >= 0)
 
-    assert data(packs) == data(rows)
+    assert data(spec, packs) == data(plain, rows)
 
 
 @settings(max_examples=40, deadline=None)
