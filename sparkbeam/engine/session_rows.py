@@ -46,7 +46,6 @@ _BE64 = np.dtype(">u8")
 _SIGN = np.uint64(1 << 63)
 # Bounds in milliseconds whose micros an int64 holds (with room to subtract a span).
 _BOUND_MS = (2**63 - 1) // 1000 // 4
-_RAW = b"\0\0\0\0"
 _SPAN_BYTES = 9  # a span's varint at most (2**63 ms and more are left as elements)
 
 
@@ -165,34 +164,47 @@ def session_rows(tag: int, kept: list[tuple[int, Any, bytes]], layout: SessionRo
                                              np.frombuffer(key_view, dtype=np.uint8),
                                              layout.window_at, layout.window_length)
     n = len(begin)
-    good_starts = (start_ms * 1000).astype(_LE64)
-    good_ends = (end_ms * 1000).astype(_LE64)
-    cut = cut_out(data, value_begin[ok], end[ok]).tobytes()
-    value_ends = np.cumsum(np.where(ok, end - value_begin, 0))
-    sizes = np.where(ok, end - value_begin + 16, 0)
+    # Each element's payload: its value where it is cut, else the whole element.
+    pay_begin = np.where(ok, value_begin, begin)
+    pay_len = end - pay_begin
     # A new row where the key changes, where an element is not cut (its own row, and the
     # one after it), or where the key's bytes so far pass another `max_row_bytes`.
     new_row = np.ones(n, dtype=bool)
     new_row[1:] = (group[1:] != group[:-1]) | ~ok[1:] | ~ok[:-1]
+    sizes = np.where(ok, pay_len + 16, 0)
     before = np.cumsum(sizes) - sizes
     runs = np.flatnonzero(new_row)
     within = (before - np.repeat(before[runs], np.diff(np.append(runs, n)))
               ) // max(max_row_bytes, 1)
     new_row[1:] |= within[1:] != within[:-1]
-    row_starts = np.append(np.flatnonzero(new_row), n).tolist()
-    row_keys = keyed.dictionary.take(pa.array(group[row_starts[:-1]])).to_pylist()
-    oks = ok.tolist()
-    ends_at = [0, *value_ends.tolist()]
-    out = []
-    for r, key in enumerate(row_keys):
-        a, b = row_starts[r], row_starts[r + 1]
-        if not oks[a]:
-            out.append((tag, key, _RAW + bytes(data[begin[a]:end[a]])))
-            continue
-        out.append((tag, key, b"".join(((b - a).to_bytes(4, "big"), good_starts[a:b].tobytes(),
-                                        good_ends[a:b].tobytes(),
-                                        cut[ends_at[a]:ends_at[b]]))))
-    return out
+    firsts = np.flatnonzero(new_row)
+    row_of = np.cumsum(new_row) - 1
+    # Out, one buffer: each row's count (big-endian int32, 0 for an element kept whole), its
+    # starts and its ends (little-endian int64), then its payloads, in one scatter each.
+    counts = np.where(ok[firsts], np.diff(np.append(firsts, n)), 0)
+    row_bytes = 4 + 16 * counts + np.add.reduceat(pay_len, firsts)
+    at = np.cumsum(row_bytes) - row_bytes
+    out = np.empty(int(row_bytes.sum()), dtype=np.uint8)
+    for k in range(4):
+        out[at + k] = (counts >> (8 * (3 - k))) & 0xFF
+    cut = np.flatnonzero(ok)
+    if len(cut):
+        row = row_of[cut]
+        place = at[row] + 4 + 8 * (cut - firsts[row])
+        eight = np.arange(8)
+        out[place[:, None] + eight] = (start_ms[cut] * 1000).astype(_LE64).view(
+            np.uint8).reshape(-1, 8)
+        out[(place + 8 * counts[row])[:, None] + eight] = (end_ms[cut] * 1000).astype(
+            _LE64).view(np.uint8).reshape(-1, 8)
+    pay_before = np.cumsum(pay_len) - pay_len
+    pay_at = at[row_of] + 4 + 16 * counts[row_of] + pay_before - pay_before[firsts][row_of]
+    total = int(pay_len.sum())
+    out[np.repeat(pay_at - pay_before, pay_len) + np.arange(total)] = cut_out(
+        data, pay_begin, end)
+    joined = out.tobytes()
+    bounds = np.append(at, len(out)).tolist()
+    keys = keyed.dictionary.take(pa.array(group[firsts])).to_pylist()
+    return [(tag, key, joined[bounds[r]:bounds[r + 1]]) for r, key in enumerate(keys)]
 
 
 def _cut(data: np.ndarray, begin: np.ndarray, end: np.ndarray, key_offsets: np.ndarray,
