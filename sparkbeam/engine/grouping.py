@@ -46,7 +46,7 @@ from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedV
 from sparkbeam.engine.direct_steps import coded_micros
 from sparkbeam.engine.session_rows import layout_of
 from sparkbeam.engine.session_rows import merged as merged_bounds
-from sparkbeam.engine.window_coders import faster_impl, interval_window
+from sparkbeam.engine.window_coders import faster_impl, interval_window, interval_windows
 from sparkbeam.plan.model import Grouping
 
 # The one pane the default trigger gives a window in batch (see the module doc).
@@ -216,9 +216,10 @@ class ByWindowGrouper:
         firsts, lasts, stamps, sizes, take = merged_bounds(starts, ends)
         ordered = [values[i] for i in take]
         create = windowed_value.create
-        for start, end, stamp, size in zip(firsts, lasts, stamps, sizes, strict=True):
+        for window, end, stamp, size in zip(interval_windows(firsts, lasts), lasts, stamps, sizes,
+                                            strict=True):
             out.append(create((user_key, ordered[at:at + size]), stamp if coded else end - 1,
-                              (interval_window(start, end),), ON_TIME_PANE))
+                              (window,), ON_TIME_PANE))
             at += size
         return out
 

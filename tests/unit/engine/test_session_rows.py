@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from sparkbeam.engine.grouping import ByWindowGrouper, TriggerDriverGrouper
 from sparkbeam.engine.packed_rows import packed
 from sparkbeam.engine.session_rows import layout_of
+from sparkbeam.engine.window_coders import interval_window, interval_windows
 from sparkbeam.plan.grouping_paths import session_coders
 from sparkbeam.plan.model import Grouping
 
@@ -148,3 +149,17 @@ def test_sessions_that_touch_stay_apart_and_chained_ones_merge() -> None:
     assert [(g.value[1], g.windows[0].start.micros, g.windows[0].end.micros)
             for g in grouped] == [
         ([1, 4, 5], 12_000_000, 25_000_000), ([2, 6], 0, 5_000_000), ([3], 5_000_000, 10_000_000)]
+
+
+_MILLIS = st.integers(-(2 ** 50), 2 ** 50)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(bounds=st.lists(st.tuples(_MILLIS, st.integers(1, 2 ** 40)), max_size=20))
+def test_windows_decoded_at_once_are_each_ones(bounds: list[tuple[int, int]]) -> None:
+    starts = [start * 1000 for start, _ in bounds]
+    ends = [(start + span) * 1000 for start, span in bounds]
+    got = interval_windows(starts, ends)
+    want = [interval_window(start, end) for start, end in zip(starts, ends, strict=True)]
+    assert [(w._start_micros, w._end_micros) for w in got] == [  # noqa: SLF001
+        (w._start_micros, w._end_micros) for w in want] == list(zip(starts, ends, strict=True))  # noqa: SLF001
