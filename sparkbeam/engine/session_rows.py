@@ -240,7 +240,8 @@ def _cut(data: np.ndarray, begin: np.ndarray, end: np.ndarray, key_offsets: np.n
         ok &= data[np.minimum(at + at_end - 1, last)] == 8 + span_len
     pane = at + at_end + 8 + span_len
     ok &= data[np.minimum(pane, last)] < 16
-    ok &= (span_ms > 0) & (np.abs(end_ms) < _BOUND_MS) & (span_ms < _BOUND_MS)
+    # Ranges, not np.abs: the least int64 is its own absolute value.
+    ok &= (span_ms > 0) & (span_ms < _BOUND_MS) & (end_ms > -_BOUND_MS) & (end_ms < _BOUND_MS)
     key_at = pane + 1
     total = int(key_len.sum())
     if total:

@@ -163,3 +163,21 @@ def test_windows_decoded_at_once_are_each_ones(bounds: list[tuple[int, int]]) ->
     want = [interval_window(start, end) for start, end in zip(starts, ends, strict=True)]
     assert [(w._start_micros, w._end_micros) for w in got] == [  # noqa: SLF001
         (w._start_micros, w._end_micros) for w in want] == list(zip(starts, ends, strict=True))  # noqa: SLF001
+
+
+def test_a_window_end_at_the_least_int64_stays_whole() -> None:
+    # End bytes all zero: -2**63 ms, whose absolute value in NumPy is itself (negative), so a
+    # check by np.abs took it and its start wrapped around (found by review).
+    windowing = Windowing(window.Sessions(5))
+    elements, rows_of, ctx = _grouping(windowing, "plain")
+    impl = ctx.coders[elements.input_coder_id].get_impl()
+    key = _KEY.get_impl().encode_nested("k")
+    normal = _element(windowing, impl, "k", 0, 7, False)
+    odd = (normal[:12] + bytes(8) + bytes([0x88, 0x27]) + b"\x0f" + key
+           + coders.VarIntCoder().get_impl().encode_nested(9))
+    out = [value for _, _, value in packed(
+        iter([(0, key, odd), (0, key, normal)]), set(),
+        sessions={0: layout_of(ctx.coders[elements.input_coder_id])})]
+    assert out[0][:4] == b"\0\0\0\0" and out[0][4:] == odd
+    assert ByWindowGrouper(rows_of, ctx).group(out, key) == ByWindowGrouper(
+        elements, ctx).group([odd, normal])
