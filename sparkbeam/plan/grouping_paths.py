@@ -119,8 +119,9 @@ def window_layout(coder: coders.Coder) -> tuple[int, bool] | None:
     length = type(inner) is coders.LengthPrefixCoder
     if length:
         inner = inner.value_coder()
-    return (21, True) if length else (20, False) if type(inner) is coders.IntervalWindowCoder \
-        else None
+    if type(inner) is not coders.IntervalWindowCoder:
+        return None
+    return (21, True) if length else (20, False)
 
 
 def grouping_decisions(plan: Plan) -> tuple[str, ...]:

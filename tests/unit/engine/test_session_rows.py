@@ -19,7 +19,7 @@ from sparkbeam.engine.grouping import ByWindowGrouper, TriggerDriverGrouper
 from sparkbeam.engine.packed_rows import packed
 from sparkbeam.engine.session_rows import layout_of
 from sparkbeam.engine.window_coders import interval_window, interval_windows
-from sparkbeam.plan.grouping_paths import session_coders
+from sparkbeam.plan.grouping_paths import session_coders, window_layout
 from sparkbeam.plan.model import Grouping
 
 _KEY = coders.StrUtf8Coder()
@@ -114,6 +114,17 @@ def test_other_windowings_keep_their_elements(windowing: Windowing) -> None:
     by_window = grouping if windowing.triggerfn == trigger.DefaultTrigger() else (
         dataclasses.replace(grouping, by_window=False))
     assert session_coders(by_window, ctx) is None
+
+
+@pytest.mark.parametrize("coder", [
+    coders.PickleCoder(), coders.GlobalWindowCoder(),
+    coders.TimestampPrefixingWindowCoder(coders.PickleCoder()),
+    # A length prefix over another window coder (found by review: it was taken).
+    coders.TimestampPrefixingWindowCoder(coders.LengthPrefixCoder(coders.PickleCoder())),
+    coders.TimestampPrefixingWindowCoder(coders.LengthPrefixCoder(coders.GlobalWindowCoder())),
+])
+def test_only_interval_windows_have_a_layout(coder: coders.Coder) -> None:
+    assert window_layout(coder) is None
 
 
 def test_a_window_coder_of_another_kind_keeps_its_elements() -> None:
