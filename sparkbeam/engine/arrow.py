@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 OUT_ARROW = pa.schema(
     [("tag", pa.int32(), False), ("key", pa.binary()), ("value", pa.binary(), False)]
@@ -80,6 +81,36 @@ def cut_out(data: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
         return data[:0]
     before = np.cumsum(lengths) - lengths
     return data[np.arange(int(before[-1] + lengths[-1])) + np.repeat(begin - before, lengths)]
+
+
+@dataclass
+class KeyedStretch:
+    """A producer's held rows of one tag, each key's together (`keyed_stretch`)."""
+
+    keys: pa.Array  # the distinct keys, in the order they first came
+    group: np.ndarray  # each element's key, as an index into `keys`, in the new order
+    data: np.ndarray  # the elements back to back, in the new order (uint8)
+    begin: np.ndarray  # each element's bounds in `data`
+    end: np.ndarray
+    key_offsets: np.ndarray  # each element's key bytes in `key_data`
+    key_data: np.ndarray
+
+
+def keyed_stretch(kept: list[tuple[int, Any, bytes]]) -> KeyedStretch:
+    """`kept`'s elements with each key's together, the keys in the order they first came and
+    each key's elements in order (a stable sort; a radix sort for up to 65,536 keys, most
+    stretches), as NumPy views of Arrow's buffers."""
+    keyed = pc.dictionary_encode(pa.array([row[1] for row in kept], pa.binary()))
+    first = keyed.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(first.astype(np.uint16) if len(keyed.dictionary) <= 1 << 16 else first,
+                       kind="stable")
+    group = first[order]
+    offsets, view = binary_buffers(pa.array([row[2] for row in kept], pa.binary())
+                                   .take(pa.array(order)))
+    key_offsets, key_view = binary_buffers(keyed.dictionary.take(pa.array(group)))
+    return KeyedStretch(keyed.dictionary, group, np.frombuffer(view, dtype=np.uint8),
+                        offsets[:-1], offsets[1:], key_offsets,
+                        np.frombuffer(key_view, dtype=np.uint8))
 
 
 def arrow_rows(rows: list[tuple[int, Any, bytes]]) -> ArrowRows:

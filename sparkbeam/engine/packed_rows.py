@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from sparkbeam.engine.arrow import binary_buffers, cut_out
+from sparkbeam.engine.arrow import cut_out, keyed_stretch
 from sparkbeam.engine.keyed_columns import cuttable
 from sparkbeam.engine.program import OutRow
 from sparkbeam.engine.session_rows import SessionRows, session_rows
@@ -135,27 +134,20 @@ def _counted_rows(tag: int, kept: list[OutRow], revalue: Revalue, max_row_bytes:
     than that and one value more), each after its count. With NumPy: a Python call a row
     (cut the value out, then a table a key) added ~0.8 µs a line to the skewed GroupByKey's
     map stage in-process (1.5 µs a line unpacked); this adds none measurable."""
-    keyed = pc.dictionary_encode(pa.array([row[1] for row in kept], pa.binary()))
-    first = keyed.indices.to_numpy(zero_copy_only=False)
-    # Stable, and a radix sort for up to 65,536 keys (most stretches).
-    order = np.argsort(first.astype(np.uint16) if len(keyed.dictionary) <= 1 << 16 else first,
-                       kind="stable")
-    group = first[order]
-    ordered = pa.array([row[2] for row in kept], pa.binary()).take(pa.array(order))
-    offsets, view = binary_buffers(ordered)
-    data = np.frombuffer(view, dtype=np.uint8)
-    key_offsets, key_view = binary_buffers(keyed.dictionary.take(pa.array(group)))
-    begin, end = offsets[:-1], offsets[1:]
+    stretch = keyed_stretch(kept)
+    group, data, begin, end = stretch.group, stretch.data, stretch.begin, stretch.end
     n = len(begin)
-    ok, start = cuttable(data, begin, end, key_offsets, np.frombuffer(key_view, dtype=np.uint8),
+    ok, start = cuttable(data, begin, end, stretch.key_offsets, stretch.key_data,
                          np.ones(n, dtype=bool))
     if ok.all():
         values = cut_out(data, start, end)
         lengths = end - start
     else:  # an element its header or key does not cut: the stretch in Python, it by `revalue`
         skips = (start - begin).tolist()
+        elements = [data[a:b].tobytes() for a, b in zip(begin.tolist(), end.tolist(),
+                                                        strict=True)]
         parts = [element[skip:] if good else revalue(element) for element, skip, good
-                 in zip(ordered.to_pylist(), skips, ok.tolist(), strict=True)]
+                 in zip(elements, skips, ok.tolist(), strict=True)]
         values = np.frombuffer(b"".join(parts), dtype=np.uint8)
         lengths = np.array([len(part) for part in parts], dtype=np.int64)
     # Each value's bytes before it in its key's, and the rows: a new one where the key changes
@@ -179,5 +171,5 @@ def _counted_rows(tag: int, kept: list[OutRow], revalue: Revalue, max_row_bytes:
     out[np.arange(len(values)) + 4 * (np.repeat(np.arange(len(starts)), row_bytes) + 1)] = values
     joined = out.tobytes()
     bounds = np.append(at, len(out)).tolist()
-    row_keys = keyed.dictionary.take(pa.array(group[starts])).to_pylist()
+    row_keys = stretch.keys.take(pa.array(group[starts])).to_pylist()
     return [(tag, key, joined[bounds[r]:bounds[r + 1]]) for r, key in enumerate(row_keys)]

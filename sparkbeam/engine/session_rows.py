@@ -33,11 +33,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.coders import coders
 from apache_beam.utils import windowed_value
 
-from sparkbeam.engine.arrow import binary_buffers, cut_out
+from sparkbeam.engine.arrow import cut_out, keyed_stretch
 from sparkbeam.engine.window_coders import MAX_MICROS, MIN_MICROS, faster_impl, interval_window
 from sparkbeam.plan.grouping_paths import window_layout
 
@@ -150,19 +149,11 @@ def session_rows(tag: int, kept: list[tuple[int, Any, bytes]], layout: SessionRo
     """A stretch's rows of a session-rows tag: per key, in the order the keys first came, its
     elements in order, a row each time they pass another `max_row_bytes` or an element is not
     cut (see the module doc)."""
-    keyed = pc.dictionary_encode(pa.array([row[1] for row in kept], pa.binary()))
-    first = keyed.indices.to_numpy(zero_copy_only=False)
-    order = np.argsort(first.astype(np.uint16) if len(keyed.dictionary) <= 1 << 16 else first,
-                       kind="stable")
-    group = first[order]
-    ordered = pa.array([row[2] for row in kept], pa.binary()).take(pa.array(order))
-    offsets, view = binary_buffers(ordered)
-    data = np.frombuffer(view, dtype=np.uint8)
-    key_offsets, key_view = binary_buffers(keyed.dictionary.take(pa.array(group)))
-    begin, end = offsets[:-1], offsets[1:]
-    ok, start_ms, end_ms, value_begin = _cut(data, begin, end, key_offsets,
-                                             np.frombuffer(key_view, dtype=np.uint8),
-                                             layout.window_at, layout.window_length)
+    stretch = keyed_stretch(kept)
+    group, data, begin, end = stretch.group, stretch.data, stretch.begin, stretch.end
+    ok, start_ms, end_ms, value_begin = _cut(data, begin, end, stretch.key_offsets,
+                                             stretch.key_data, layout.window_at,
+                                             layout.window_length)
     n = len(begin)
     # Each element's payload: its value where it is cut, else the whole element.
     pay_begin = np.where(ok, value_begin, begin)
@@ -203,7 +194,7 @@ def session_rows(tag: int, kept: list[tuple[int, Any, bytes]], layout: SessionRo
         data, pay_begin, end)
     joined = out.tobytes()
     bounds = np.append(at, len(out)).tolist()
-    keys = keyed.dictionary.take(pa.array(group[firsts])).to_pylist()
+    keys = stretch.keys.take(pa.array(group[firsts])).to_pylist()
     return [(tag, key, joined[bounds[r]:bounds[r + 1]]) for r, key in enumerate(keys)]
 
 
