@@ -62,14 +62,13 @@ class SessionRows:
         """A key's rows as its windows' starts and ends (micros) and its values, in order; None
         where a row holds an element (`elements` then)."""
         starts, ends, values = [], [], []
-        decode = self.values.decode
         for row in rows:
-            n = int.from_bytes(row[:4], "big")
-            if not n:
+            unpacked = self._unpacked(row)
+            if unpacked is None:
                 return None
-            starts.append(np.frombuffer(row, _LE64, n, 4))
-            ends.append(np.frombuffer(row, _LE64, n, 4 + 8 * n))
-            values.extend(decode(row[:4] + row[4 + 16 * n:]))
+            starts.append(unpacked[0])
+            ends.append(unpacked[1])
+            values.extend(unpacked[2])
         if len(starts) == 1:
             return starts[0], ends[0], values
         return np.concatenate(starts), np.concatenate(ends), values
@@ -82,17 +81,25 @@ class SessionRows:
         encode = self.pre.encode_nested
         out: list[bytes] = []
         for row in rows:
-            n = int.from_bytes(row[:4], "big")
-            if not n:
+            unpacked = self._unpacked(row)
+            if unpacked is None:
                 out.append(row[4:])
                 continue
-            starts = np.frombuffer(row, _LE64, n, 4).tolist()
-            ends = np.frombuffer(row, _LE64, n, 4 + 8 * n).tolist()
-            values = self.values.decode(row[:4] + row[4 + 16 * n:])
+            starts, ends, values = unpacked
             out.extend(encode(windowed_value.create((user_key, value), end - 1,
                                                     (interval_window(start, end),)))
-                       for start, end, value in zip(starts, ends, values, strict=True))
+                       for start, end, value in zip(starts.tolist(), ends.tolist(), values,
+                                                    strict=True))
         return out
+
+    def _unpacked(self, row: bytes) -> tuple[np.ndarray, np.ndarray, list[Any]] | None:
+        """A row's windows' starts and ends and its values; None for a row holding an
+        element (a count of 0)."""
+        n = int.from_bytes(row[:4], "big")
+        if not n:
+            return None
+        return (np.frombuffer(row, _LE64, n, 4), np.frombuffer(row, _LE64, n, 4 + 8 * n),
+                self.values.decode(row[:4] + row[4 + 16 * n:]))
 
 
 def layout_of(coder: coders.WindowedValueCoder) -> SessionRows:

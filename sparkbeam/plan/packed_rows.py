@@ -54,6 +54,7 @@ and none are packed when `--arrow_batch_bytes=rows` drops Spark's byte limit
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from apache_beam.portability import common_urns
@@ -72,8 +73,9 @@ def packed_buffers(plan: Plan) -> tuple[frozenset[bytes], frozenset[bytes], froz
     are counted, and those packed as session rows (see the module doc)."""
     ctx = PipelineContext(beam_runner_api_pb2.Components.FromString(plan.components))
     lifted = _lifted(plan)
-    columnar = {b: _columnar(g, ctx) and b not in lifted for b, g in plan.groupings.items()}
-    sessions = {b for b, g in plan.groupings.items() if _sessions(g, ctx)}
+    columnar = {b: _takes(columnar_coders, g, ctx) and b not in lifted
+                for b, g in plan.groupings.items()}
+    sessions = {b for b, g in plan.groupings.items() if _takes(session_coders, g, ctx)}
     readers: dict[bytes, list[str | None]] = {}  # buffer -> the rows each reader takes
     other: set[bytes] = {op.buffer_id for op in plan.spark_writes} | {IMPULSE_BUFFER}
     other.update(plan.text_reads, plan.spark_reads)
@@ -110,16 +112,10 @@ def _lifted(plan: Plan) -> set[bytes]:
     return out
 
 
-def _columnar(grouping: Grouping, ctx: Any) -> bool:
+def _takes(coders_of: Callable[[Grouping, Any], Any], grouping: Grouping, ctx: Any) -> bool:
+    """Whether `coders_of` (`columnar_coders`, `session_coders`) takes `grouping`."""
     try:
-        return columnar_coders(grouping, ctx) is not None
-    except Exception:  # noqa: BLE001 - a coder Beam cannot build: its stage reports it, unpacked
-        return False
-
-
-def _sessions(grouping: Grouping, ctx: Any) -> bool:
-    try:
-        return session_coders(grouping, ctx) is not None
+        return coders_of(grouping, ctx) is not None
     except Exception:  # noqa: BLE001 - a coder Beam cannot build: its stage reports it, unpacked
         return False
 
